@@ -1,0 +1,29 @@
+# Two commands: `make demo` runs the RSI demo on the embedded default, `make test` runs the tests.
+# Each creates or refreshes .venv first: torch 2.13.0 (the CPU wheel where one lies on disk) before
+# anything that depends on it, so pip never pulls a CUDA build, then this project with its dev extra.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rsi-installed
+
+.PHONY: setup demo test clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(BIN)/rsi config show
+	$(BIN)/rsi db upgrade
+	$(BIN)/rsi db current
+	$(BIN)/rsi harness validate harness_versions/addition/v1
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .rsi .pytest_cache

@@ -1,0 +1,1 @@
+"""Alembic environment and versions for the rsi state DB (shipped with the package)."""

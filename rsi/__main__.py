@@ -1,0 +1,3 @@
+from rsi.cli import main
+
+main()

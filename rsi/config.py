@@ -1,0 +1,69 @@
+"""Settings: environment variables with the prefix RSI_, resolved against RSI_HOME."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+
+
+class Settings(BaseSettings):
+    """Where rsi keeps its state. Unset URLs default to SQLite files inside ``home``."""
+
+    model_config = SettingsConfigDict(env_prefix="RSI_", extra="ignore")
+
+    home: Path = Path(".rsi")
+    database_url: str | None = None
+    mlflow_tracking_uri: str | None = None
+    prefect_home: Path | None = None
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def db_url(self) -> str:
+        return normalize_db_url(self.database_url or f"sqlite:///{self.home / 'rsi.db'}")
+
+    @property
+    def mlflow_uri(self) -> str:
+        return self.mlflow_tracking_uri or f"sqlite:///{self.home / 'mlflow.db'}"
+
+    @property
+    def prefect_dir(self) -> Path:
+        return (self.prefect_home or self.home / "prefect").expanduser().resolve()
+
+    def resolved(self, *, mask: bool = True) -> dict[str, str]:
+        """The values in effect, with passwords masked unless asked otherwise."""
+        show = mask_url if mask else str
+        return {
+            "home": str(self.home),
+            "database_url": show(self.db_url),
+            "mlflow_tracking_uri": show(self.mlflow_uri),
+            "prefect_home": str(self.prefect_dir),
+        }
+
+
+def normalize_db_url(url: str) -> str:
+    """Use the psycopg 3 driver for a bare ``postgresql://`` URL (psycopg2 is not a dependency)."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a database URL; anything that is not a URL is returned as it is."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return url
+    if parsed.password is None:
+        return url
+    return parsed.render_as_string(hide_password=True)
+
+
+def get_settings() -> Settings:
+    return Settings()

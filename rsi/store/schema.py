@@ -1,0 +1,188 @@
+"""The rsi state DB: SQLAlchemy 2 tables, all prefixed ``rsi_`` so the database can be shared.
+
+Migrations in ``migrations/versions`` create exactly these tables; a test compares the two.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+VERSION_TABLE = "rsi_alembic_version"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Lineage(Base):
+    __tablename__ = "rsi_lineages"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    family: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Generation(Base):
+    """One generation of a lineage; ``stages`` maps stage name -> status for a quick overview."""
+
+    __tablename__ = "rsi_generations"
+    __table_args__ = (UniqueConstraint("lineage", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    lineage: Mapped[str] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="CASCADE"), index=True)
+    number: Mapped[int]
+    parent_pair_id: Mapped[str | None] = mapped_column(String(64))
+    candidate_pair_id: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    stages: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class StageRun(Base):
+    """A stage's persisted result, keyed by what it was computed from, not by a flow-run id."""
+
+    __tablename__ = "rsi_stage_runs"
+    __table_args__ = (UniqueConstraint("generation_id", "stage", "inputs_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    generation_id: Mapped[int] = mapped_column(ForeignKey("rsi_generations.id", ondelete="CASCADE"), index=True)
+    stage: Mapped[str] = mapped_column(String(32))
+    inputs_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class TaskRow(Base):
+    __tablename__ = "rsi_tasks"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    family: Mapped[str] = mapped_column(String(64), index=True)
+    family_version: Mapped[str] = mapped_column(String(16))
+    level: Mapped[int] = mapped_column(index=True)
+    seed: Mapped[int]
+    index: Mapped[int]
+    split: Mapped[str] = mapped_column(String(16), default="train")
+    payload: Mapped[dict[str, Any]]
+    answer: Mapped[Any] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PairRow(Base):
+    __tablename__ = "rsi_pairs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    lineage: Mapped[str | None] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="SET NULL"), index=True)
+    base_model_hash: Mapped[str] = mapped_column(String(64))
+    adapter_hash: Mapped[str | None] = mapped_column(String(64))
+    adapter_uri: Mapped[str | None] = mapped_column(Text)
+    harness_id: Mapped[str] = mapped_column(String(128))
+    harness_hash: Mapped[str] = mapped_column(String(64))
+    parent_pair_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrajectoryRow(Base):
+    __tablename__ = "rsi_trajectories"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("rsi_tasks.id"), index=True)
+    pair_id: Mapped[str] = mapped_column(ForeignKey("rsi_pairs.id"), index=True)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="CASCADE"), index=True)
+    harness_id: Mapped[str] = mapped_column(String(128))
+    sample_index: Mapped[int]
+    seed: Mapped[int]
+    messages: Mapped[list[Any]]
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
+    timings: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class VerdictRow(Base):
+    __tablename__ = "rsi_verdicts"
+    __table_args__ = (UniqueConstraint("trajectory_id", "contract_version", "harness_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trajectory_id: Mapped[str] = mapped_column(ForeignKey("rsi_trajectories.id", ondelete="CASCADE"), index=True)
+    contract_version: Mapped[str] = mapped_column(String(32))
+    harness_hash: Mapped[str] = mapped_column(String(64))
+    passed: Mapped[bool] = mapped_column(Boolean, index=True)
+    rules: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DatasetRow(Base):
+    """A selected training set: its digest is over the ordered trajectory ids."""
+
+    __tablename__ = "rsi_datasets"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    lineage: Mapped[str | None] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="SET NULL"), index=True)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="SET NULL"))
+    size: Mapped[int]
+    filters: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DatasetItem(Base):
+    __tablename__ = "rsi_dataset_items"
+
+    dataset_digest: Mapped[str] = mapped_column(
+        ForeignKey("rsi_datasets.digest", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(primary_key=True)
+    trajectory_id: Mapped[str] = mapped_column(ForeignKey("rsi_trajectories.id"), index=True)
+
+
+class EvaluationRow(Base):
+    """Exact-match accuracy of one pair at one level on one held-out task set."""
+
+    __tablename__ = "rsi_evaluations"
+    __table_args__ = (UniqueConstraint("pair_id", "level", "split", "seed", "n", "decoding"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    pair_id: Mapped[str] = mapped_column(ForeignKey("rsi_pairs.id"), index=True)
+    generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="SET NULL"))
+    level: Mapped[int]
+    split: Mapped[str] = mapped_column(String(16), default="heldout")
+    seed: Mapped[int]
+    n: Mapped[int]
+    correct: Mapped[int]
+    accuracy: Mapped[float] = mapped_column(Float)
+    ci_low: Mapped[float] = mapped_column(Float)
+    ci_high: Mapped[float] = mapped_column(Float)
+    decoding: Mapped[str] = mapped_column(String(32), default="greedy")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Lease(Base):
+    """Who runs a lineage now. A lease whose heartbeat is older than its ttl may be taken over."""
+
+    __tablename__ = "rsi_leases"
+
+    lineage: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ttl_s: Mapped[int] = mapped_column(default=120)

@@ -1,0 +1,104 @@
+"""The CLI as a person uses it: real subprocesses, exit codes 0 / 1 / 2, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+
+def rsi(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rsi", *args], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, **(env or {})}, timeout=120,
+    )
+
+
+def test_help_lists_commands() -> None:
+    result = rsi("--help")
+    assert result.returncode == 0
+    for command in ("config", "db", "harness"):
+        assert command in result.stdout
+
+
+def test_config_show_json(rsi_home: Path) -> None:
+    env = {"RSI_DATABASE_URL": "postgresql://alice:s3cret@db.example:5432/rsi"}
+    result = rsi("config", "show", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    values = json.loads(result.stdout)
+    assert set(values) == {"home", "database_url", "mlflow_tracking_uri", "prefect_home"}
+    assert values["home"] == str(rsi_home)
+    assert values["database_url"] == "postgresql+psycopg://alice:***@db.example:5432/rsi"
+    assert values["mlflow_tracking_uri"] == f"sqlite:///{rsi_home / 'mlflow.db'}"
+    assert values["prefect_home"] == str(rsi_home / "prefect")
+    table = rsi("config", "show", env=env)
+    assert table.returncode == 0 and "s3cret" not in table.stdout and "alice" in table.stdout
+
+
+def test_config_defaults(rsi_home: Path) -> None:
+    values = json.loads(rsi("config", "show", "--json").stdout)
+    assert values["database_url"] == f"sqlite:///{rsi_home / 'rsi.db'}"
+
+
+def test_db_commands(db_url: str) -> None:
+    env = {"RSI_DATABASE_URL": db_url}
+    up = rsi("db", "upgrade", env=env)
+    assert up.returncode == 0, up.stderr
+    assert "at revision 0001" in up.stdout
+    assert "up to date" in rsi("db", "current", env=env).stdout
+    down = rsi("db", "downgrade", "base", env=env)
+    assert down.returncode == 0 and "at revision base" in down.stdout, down.stderr
+    assert "behind" in rsi("db", "current", env=env).stdout
+    assert rsi("db", "upgrade", env=env).returncode == 0
+
+
+def test_db_bad_input_and_unreachable_server() -> None:
+    bad = rsi("db", "current", env={"RSI_DATABASE_URL": "notadb://x"})
+    assert bad.returncode == 2 and "RSI_DATABASE_URL" in bad.stderr and "Traceback" not in bad.stderr
+    down = rsi("db", "current", env={"RSI_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert down.returncode == 1 and "cannot connect" in down.stderr and "Traceback" not in down.stderr
+    rev = rsi("db", "downgrade", "nope")
+    assert rev.returncode == 2 and "nope" in rev.stderr and "Traceback" not in rev.stderr
+
+
+def test_harness_validate_exit_codes(tmp_path: Path) -> None:
+    good = rsi("harness", "validate", "harness_versions/addition/v1")
+    assert good.returncode == 0 and "valid" in good.stdout and "addition/v1" in good.stdout
+
+    unknown = tmp_path / "unknown"
+    shutil.copytree(REPO / "harness_versions/addition/v1", unknown)
+    toml = unknown / "hcp.toml"
+    toml.write_text(toml.read_text().replace("[limits]", "[limits]\nmax_stepz = 3"))
+    result = rsi("harness", "validate", str(unknown))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(toml) in result.stderr and "limits.max_stepz" in result.stderr
+
+    undefined = tmp_path / "undefined"
+    shutil.copytree(REPO / "harness_versions/addition/v1", undefined)
+    (undefined / "templates/prompt.j2").write_text("{{ task.a }}+{{ second }}=\n")
+    result = rsi("harness", "validate", str(undefined / "hcp.toml"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "prompt.j2" in result.stderr and "prompt.template" in result.stderr and "'second'" in result.stderr
+
+
+def test_bad_cli_arguments_exit_2() -> None:
+    assert rsi("harness", "validate").returncode == 2
+    assert rsi("no-such-command").returncode == 2
+
+
+@pytest.mark.parametrize("module", ["rsi", "rsi.cli", "rsi.hcp", "rsi.store", "rsi.models"])
+def test_import_is_light(module: str) -> None:
+    """Importing rsi (or listing its plug-ins) must not pull in torch, transformers or mlflow."""
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'mlflow', 'prefect', 'vllm') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    heavy = [line for line in result.stderr.splitlines() if line.rstrip().split("|")[-1].strip().split(".")[0] in ("torch", "transformers", "mlflow")]
+    assert heavy == []
