@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -27,3 +28,9 @@ def digest_bytes(chunks: list[tuple[str, bytes]]) -> str:
         data = data.replace(b"\r\n", b"\n")
         h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
     return h.hexdigest()
+
+
+def digest_dir(path: Path, *, skip: tuple[str, ...] = ()) -> str:
+    """Digest of every file under ``path`` (relative names + bytes): a model's or adapter's identity."""
+    files = [p for p in sorted(Path(path).rglob("*")) if p.is_file() and p.name not in skip]
+    return digest_bytes([(str(p.relative_to(path)), p.read_bytes()) for p in files])

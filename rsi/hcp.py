@@ -23,6 +23,7 @@ from rsi.parsers import PARSERS, digits_lsb
 HCP_VERSIONS = ("1.0",)
 CONTRACT_RULES = (
     "ids_consistent",
+    "prompt_rendered",
     "limits",
     "tools_allowed",
     "answer_format",

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 15:59:04.836263
+Create Date: 2026-12-02 16:04:12.361906
 """
 
 from alembic import op
@@ -149,7 +149,6 @@ def upgrade() -> None:
     sa.Column('timings', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['generation_id'], ['rsi_generations.id'], name=op.f('fk_rsi_trajectories_generation_id_rsi_generations'), ondelete='CASCADE'),
-    sa.ForeignKeyConstraint(['pair_id'], ['rsi_pairs.id'], name=op.f('fk_rsi_trajectories_pair_id_rsi_pairs')),
     sa.ForeignKeyConstraint(['task_id'], ['rsi_tasks.id'], name=op.f('fk_rsi_trajectories_task_id_rsi_tasks')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_rsi_trajectories'))
     )

@@ -106,7 +106,8 @@ class TrajectoryRow(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     task_id: Mapped[str] = mapped_column(ForeignKey("rsi_tasks.id"), index=True)
-    pair_id: Mapped[str] = mapped_column(ForeignKey("rsi_pairs.id"), index=True)
+    # No foreign key: trajectories produced elsewhere can be audited and stored before their pair is known.
+    pair_id: Mapped[str] = mapped_column(String(64), index=True)
     generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="CASCADE"), index=True)
     harness_id: Mapped[str] = mapped_column(String(128))
     sample_index: Mapped[int]

@@ -1,0 +1,75 @@
+"""Evaluation: exact-match accuracy per level on held-out tasks, with Wilson 95 % intervals.
+
+A sample counts as correct only if the auditor passes it (format, no extra content, right answer),
+so evaluation and the selection signal use one definition of "correct".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from rsi.audit import audit
+from rsi.backends.base import GenerationBackend
+from rsi.execute import rollout, sampling_params
+from rsi.hcp import Harness
+from rsi.splits import stream_seed
+from rsi.tasks import TaskFamily
+
+
+class LevelScore(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    level: int
+    n: int
+    correct: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    decoding: str = "greedy"
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (sound near 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def score(level: int, correct: int, n: int, decoding: str = "greedy") -> LevelScore:
+    low, high = wilson(correct, n)
+    return LevelScore(level=level, n=n, correct=correct, accuracy=correct / n if n else 0.0,
+                      ci_low=low, ci_high=high, decoding=decoding)
+
+
+def evaluate(
+    harness: Harness,
+    family: TaskFamily,
+    backend: GenerationBackend,
+    pair_id: str,
+    levels: Sequence[int],
+    n: int,
+    *,
+    lineage_seed: int = 0,
+    adapter: str | None = None,
+    k: int = 1,
+) -> list[LevelScore]:
+    """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on held-out tasks."""
+    seed = stream_seed("heldout", lineage_seed)
+    params = sampling_params(harness, seed=seed, greedy=k == 1, samples=k)
+    tasks = [t for level in levels for t in family.tasks(seed, level, n)]
+    trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
+    by_task = {t.id: t for t in tasks}
+    solved: dict[str, bool] = {}
+    for traj in trajectories:
+        ok = audit(traj, by_task[traj.task_id], harness, family).passed
+        solved[traj.task_id] = solved.get(traj.task_id, False) or ok
+    decoding = "greedy" if k == 1 else f"pass@{k}"
+    return [
+        score(level, sum(solved[t.id] for t in tasks if t.level == level), n, decoding) for level in levels
+    ]

@@ -1,0 +1,93 @@
+"""Reading and writing domain objects in the state DB. Writes are idempotent: a row already there is kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from rsi.models import Task, Trajectory, Verdict
+from rsi.store.schema import Base, TaskRow, TrajectoryRow, VerdictRow
+
+CHUNK = 500
+
+
+def _missing(session: Session, column: Any, keys: Sequence[Any]) -> set[Any]:
+    """The keys not yet stored in ``column``, looked up in chunks."""
+    present: set[Any] = set()
+    for i in range(0, len(keys), CHUNK):
+        present.update(session.scalars(select(column).where(column.in_(keys[i : i + CHUNK]))))
+    return set(keys) - present
+
+
+def _add_new(session: Session, rows: list[Base], key: Any, column: Any) -> int:
+    new = _missing(session, column, [key(r) for r in rows])
+    fresh = [r for r in rows if key(r) in new]
+    seen: set[Any] = set()
+    fresh = [r for r in fresh if not (key(r) in seen or seen.add(key(r)))]
+    session.add_all(fresh)
+    session.flush()
+    return len(fresh)
+
+
+def put_tasks(session: Session, tasks: Iterable[Task], split: str = "train") -> int:
+    rows = [
+        TaskRow(id=t.id, family=t.family, family_version=t.family_version, level=t.level, seed=t.seed,
+                index=t.index, split=split, payload=t.payload, answer=t.answer)
+        for t in tasks
+    ]
+    return _add_new(session, rows, lambda r: r.id, TaskRow.id)
+
+
+def put_trajectories(session: Session, trajectories: Iterable[Trajectory], generation_id: int | None = None) -> int:
+    rows = [
+        TrajectoryRow(id=t.id, task_id=t.task_id, pair_id=t.pair_id, generation_id=generation_id,
+                      harness_id=t.harness_id, sample_index=t.sample_index, seed=t.seed,
+                      messages=[m.model_dump(mode="json") for m in t.messages], finish_reason=t.finish_reason,
+                      prompt_tokens=t.tokens.prompt, completion_tokens=t.tokens.completion,
+                      timings=t.timings.model_dump(mode="json"))
+        for t in trajectories
+    ]
+    return _add_new(session, rows, lambda r: r.id, TrajectoryRow.id)
+
+
+def put_verdicts(session: Session, verdicts: Iterable[Verdict]) -> int:
+    """Store verdicts; one per (trajectory, contract version, harness hash), the first one kept."""
+    verdicts = list(verdicts)
+    if not verdicts:
+        return 0
+    existing = set()
+    ids = [v.trajectory_id for v in verdicts]
+    for i in range(0, len(ids), CHUNK):
+        rows = session.execute(
+            select(VerdictRow.trajectory_id, VerdictRow.contract_version, VerdictRow.harness_hash).where(
+                VerdictRow.trajectory_id.in_(ids[i : i + CHUNK])
+            )
+        )
+        existing.update(tuple(r) for r in rows)
+    new = []
+    for v in verdicts:
+        key = (v.trajectory_id, v.contract_version, v.harness_hash)
+        if key not in existing:
+            existing.add(key)
+            new.append(VerdictRow(trajectory_id=v.trajectory_id, contract_version=v.contract_version,
+                                  harness_hash=v.harness_hash, passed=v.passed,
+                                  rules=[r.model_dump(mode="json") for r in v.rules]))
+    session.add_all(new)
+    session.flush()
+    return len(new)
+
+
+def task_from_row(row: TaskRow) -> Task:
+    return Task(family=row.family, family_version=row.family_version, level=row.level, seed=row.seed,
+                index=row.index, payload=row.payload, answer=row.answer)
+
+
+def trajectory_from_row(row: TrajectoryRow) -> Trajectory:
+    return Trajectory(id=row.id, task_id=row.task_id, pair_id=row.pair_id, harness_id=row.harness_id,
+                      sample_index=row.sample_index, seed=row.seed, messages=row.messages,
+                      finish_reason=row.finish_reason,
+                      tokens={"prompt": row.prompt_tokens, "completion": row.completion_tokens},
+                      timings=row.timings, created_at=row.created_at)
