@@ -21,11 +21,33 @@ app = typer.Typer(
 config_app = typer.Typer(help="Resolved settings (RSI_* environment variables).", no_args_is_help=True)
 db_app = typer.Typer(help="The state DB schema (Alembic migrations, own version table).", no_args_is_help=True)
 harness_app = typer.Typer(help="Harness versions (HCP documents).", no_args_is_help=True)
+base_app = typer.Typer(help="The built-in base model (trained by rsi itself, cached in RSI_HOME).", no_args_is_help=True)
+lineage_app = typer.Typer(help="Lineages in the MLflow registry.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Task families (plug-ins in the entry-point group rsi.task_generators).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(harness_app, name="harness")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(base_app, name="base")
+app.add_typer(lineage_app, name="lineage")
+
+PROFILE = typer.Option("demo", "--profile", help="configuration profile: demo, or tiny for smoke tests")
+
+
+def parse_levels(text: str) -> list[int]:
+    """'1-12' or '1,3,5' (or a mix) -> sorted levels; anything else is a user error."""
+    from rsi.errors import UserError
+
+    levels: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            levels.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise UserError(f"--levels {text!r}: expected a range like 1-12 or a list like 1,3,5") from None
+    if not levels or min(levels) < 1:
+        raise UserError(f"--levels {text!r}: levels start at 1")
+    return sorted(levels)
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -156,6 +178,136 @@ def audit_cmd(
         out.print(f"stored {stored} new verdict(s) under contract {harness.contract_version}")
     if bad_lines:
         raise typer.Exit(2)
+
+
+@base_app.command("build")
+def base_build(profile: str = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached")) -> None:
+    """Train the tiny built-in base model on the lowest levels (cached by a hash of its recipe)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from rsi.basemodel import BaseRecipe, base_report, ensure_base
+    from rsi.config import get_settings
+    from rsi.cycle import load_config
+
+    recipe = BaseRecipe(**load_config(profile).base_recipe)
+    columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+               TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=out, transient=True) as bar:
+        job = bar.add_task("base", total=recipe.steps, loss=float("nan"))
+        path = ensure_base(get_settings(), recipe, force=force,
+                           progress=lambda step, total, loss: bar.update(job, completed=step, loss=loss))
+    report = base_report(path)
+    table = Table("level", "greedy accuracy", "pass@8 (T=1.0)", "trained on", title=f"built-in base {path.name}")
+    for level, acc in sorted(report["greedy"].items(), key=lambda kv: int(kv[0])):
+        trained = "yes" if int(level) in recipe.train_levels else "no"
+        table.add_row(level, f"{acc:.3f}", f"{report['pass_at_8'][level]:.3f}" if level in report["pass_at_8"] else "",
+                      trained)
+    out.print(table)
+    cached = " (cached)" if report.get("cached") else ""
+    out.print(f"base model at {path}{cached}; trained in {report['train_seconds']:.0f} s, "
+              f"built in {report['build_seconds']:.0f} s wall")
+
+
+@app.command("eval")
+def eval_cmd(
+    adapter: Path | None = typer.Option(None, "--adapter", help="a LoRA adapter directory (default: the base)"),
+    levels: str = typer.Option("1-12", "--levels", help="levels, e.g. 1-12 or 1,3,5"),
+    n: int = typer.Option(200, "--n", min=1, help="held-out tasks per level"),
+    k: int = typer.Option(1, "--k", min=1, help="1: greedy accuracy; >1: pass@k at the harness temperature"),
+    profile: str = PROFILE,
+) -> None:
+    """Exact-match accuracy per level on held-out tasks, with Wilson 95 % intervals."""
+    from rsi.backends import get_backend
+    from rsi.basemodel import BaseRecipe, ensure_base, model_hash
+    from rsi.config import get_settings
+    from rsi.cycle import REPO, load_config
+    from rsi.errors import UserError
+    from rsi.evaluate import evaluate
+    from rsi.hcp import load_harness
+    from rsi.models import Pair
+    from rsi.tasks import get_family
+    from rsi.train import adapter_hash
+
+    config = load_config(profile)
+    wanted = parse_levels(levels)
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
+    harness = load_harness(REPO / config.harness)
+    base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
+    pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
+                harness_id=harness.id, harness_hash=harness.hash)
+    backend = get_backend("hf", model_dir=base)
+    scores = evaluate(harness, get_family(config.family), backend, pair.id, wanted, n, lineage_seed=config.seed,
+                      adapter=str(adapter) if adapter else None, k=k)
+    what = "greedy" if k == 1 else f"pass@{k}"
+    table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} (held-out)")
+    for sc in scores:
+        table.add_row(str(sc.level), f"{sc.accuracy:.3f}", f"[{sc.ci_low:.3f}, {sc.ci_high:.3f}]", f"{sc.correct}/{sc.n}")
+    out.print(table)
+
+
+@app.command("run")
+def run_cmd(
+    family: str = typer.Argument(..., help="task family to climb, e.g. addition"),
+    generations: int = typer.Option(None, "--generations", min=1, help="at most this many generations"),
+    lineage: str | None = typer.Option(None, "--lineage", help="lineage name (default: the family's)"),
+    seed: int | None = typer.Option(None, "--seed"),
+    profile: str = PROFILE,
+    corrupt_training_data: bool = typer.Option(
+        False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
+) -> None:
+    """Run the lineage's RSI generations as Prefect flows, each candidate registered in MLflow."""
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    from rsi.cycle import load_config
+
+    config = load_config(profile, lineage=lineage or family, family=family, seed=seed,
+                         harness=f"harness_versions/{family}/v1",
+                         corrupt_training_data=corrupt_training_data or None)
+    from flows.cycle import run_lineage
+
+    spinner = Spinner("dots", text="starting Prefect and loading the base model")
+    with Live(spinner, console=out, transient=True, refresh_per_second=8) as live:
+        def event(message: str) -> None:
+            live.console.print(f"[dim]{message}[/dim]" if "skipped" in message else message)
+            spinner.update(text=message)
+
+        summaries = run_lineage(config, generations, event)
+    out.print(f"{len(summaries)} generation(s) run")
+    show_lineage(config.lineage)
+
+
+@lineage_app.command("show")
+def lineage_show(name: str = typer.Argument(..., help="lineage name")) -> None:
+    """The lineage table from the MLflow registry: one row per candidate version."""
+    show_lineage(name)
+
+
+def show_lineage(name: str) -> None:
+    from rsi.config import get_settings
+    from rsi.errors import UserError
+    from rsi.lineage import CHAMPION, LineageRegistry, model_name
+
+    settings = get_settings()
+    registry = LineageRegistry(settings, name)
+    versions = registry.versions()
+    if not versions:
+        raise UserError(f"lineage {name!r} has no versions in {settings.mlflow_uri}; run `rsi run` first")
+    champion = registry.alias(CHAMPION)
+    levels = sorted({int(k.removeprefix("acc_level_")) for v in versions for k in v.tags if k.startswith("acc_level_")})
+    table = Table("version", "gen", "parent", "gate", *[f"L{lvl}" for lvl in levels], "dataset", "pair",
+                  title=f"lineage {name} (MLflow model {model_name(name)})")
+    for v in versions:
+        mark = " *" if champion is not None and champion.version == v.version else ""
+        accs = [v.tags.get(f"acc_level_{lvl}", "") for lvl in levels]
+        accs = [f"{float(a):.2f}" if a else "" for a in accs]
+        table.add_row(f"{v.version}{mark}", v.tags.get("generation", ""), v.tags.get("parent_version", ""),
+                      v.tags.get("gate", ""), *accs, v.tags.get("dataset_digest", "")[:10], v.tags.get("pair_id", ""))
+    out.print(table)
+    out.print("* = champion. Browse it: "
+              f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "
+              f"PREFECT_HOME={settings.prefect_dir} prefect server start")
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rsi.audit import audit
 from rsi.backends.base import GenerationBackend
@@ -29,6 +29,7 @@ class LevelScore(BaseModel):
     ci_low: float
     ci_high: float
     decoding: str = "greedy"
+    outcomes: tuple[bool, ...] = Field(default=(), repr=False, description="per held-out task, by index")
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -41,10 +42,11 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def score(level: int, correct: int, n: int, decoding: str = "greedy") -> LevelScore:
+def score(level: int, outcomes: list[bool], decoding: str = "greedy") -> LevelScore:
+    n, correct = len(outcomes), sum(outcomes)
     low, high = wilson(correct, n)
     return LevelScore(level=level, n=n, correct=correct, accuracy=correct / n if n else 0.0,
-                      ci_low=low, ci_high=high, decoding=decoding)
+                      ci_low=low, ci_high=high, decoding=decoding, outcomes=tuple(outcomes))
 
 
 def evaluate(
@@ -71,5 +73,5 @@ def evaluate(
         solved[traj.task_id] = solved.get(traj.task_id, False) or ok
     decoding = "greedy" if k == 1 else f"pass@{k}"
     return [
-        score(level, sum(solved[t.id] for t in tasks if t.level == level), n, decoding) for level in levels
+        score(level, [solved[t.id] for t in tasks if t.level == level], decoding) for level in levels
     ]

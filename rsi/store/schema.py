@@ -174,6 +174,7 @@ class EvaluationRow(Base):
     ci_low: Mapped[float] = mapped_column(Float)
     ci_high: Mapped[float] = mapped_column(Float)
     decoding: Mapped[str] = mapped_column(String(32), default="greedy")
+    outcomes: Mapped[list[Any]] = mapped_column(default=list)  # per task, by index: paired tests need them
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

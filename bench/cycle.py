@@ -1,0 +1,80 @@
+"""Wall time per stage of one generation, and the orchestration overhead of Prefect.
+
+Runs generation 1 of the same lineage twice from the same cached base, in two fresh RSI_HOMEs: once as the
+``rsi-cycle`` Prefect flow, once calling the same stage functions directly. Prints a table and writes JSON.
+
+    .venv/bin/python bench/cycle.py [--profile tiny|demo] [--out bench/results/cycle.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def arm(name: str, profile: str, base: Path, root: Path) -> dict:
+    """One generation in a fresh RSI_HOME; returns per-stage seconds and the total."""
+    home = root / name
+    (home / "models").mkdir(parents=True)
+    shutil.copytree(base, home / "models" / base.name)
+    os.environ["RSI_HOME"] = str(home)
+    from flows.cycle import generation, rsi_cycle
+    from rsi.config import get_settings
+    from rsi.cycle import LineageRun, load_config
+
+    run = LineageRun(load_config(profile), get_settings())
+    run.backend  # load the model outside the timed region: both arms pay it once
+    start = time.perf_counter()
+    summary = generation(run, 1, direct=True) if name == "direct" else rsi_cycle(run, 1)
+    total = time.perf_counter() - start
+    run.close()
+    return {"stages": summary["seconds"], "total": total, "gate": summary.get("gate")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="tiny", help="cycle profile (tiny: seconds; demo: about a minute)")
+    parser.add_argument("--out", default=str(REPO / "bench/results/cycle.json"))
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="rsi-bench-cycle-"))
+    os.environ["PREFECT_HOME"] = str(root / "prefect")
+    from rsi.basemodel import BaseRecipe, ensure_base
+    from rsi.config import Settings
+    from rsi.cycle import load_config
+
+    base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**load_config(args.profile).base_recipe))
+    flow_started = time.perf_counter()
+    flow = arm("flow", args.profile, base, root)
+    flow_wall = time.perf_counter() - flow_started  # includes starting Prefect's ephemeral API once
+    direct = arm("direct", args.profile, base, root)
+
+    print(f"{'stage':<10} {'flow s':>9} {'direct s':>9} {'ratio':>7}")
+    for stage, seconds in direct["stages"].items():
+        f = flow["stages"].get(stage, float("nan"))
+        print(f"{stage:<10} {f:>9.2f} {seconds:>9.2f} {f / seconds if seconds else float('nan'):>7.2f}")
+    ratio = flow["total"] / direct["total"]
+    print(f"{'total':<10} {flow['total']:>9.2f} {direct['total']:>9.2f} {ratio:>7.2f}")
+    print(f"orchestration overhead: flow / direct = {ratio:.3f} "
+          f"(+{flow['total'] - direct['total']:.2f} s; Prefect API start-up outside the flow: "
+          f"{flow_wall - flow['total']:.1f} s)")
+    result = {"profile": args.profile, "flow": flow, "direct": direct, "overhead_ratio": ratio,
+              "flow_wall_with_startup": flow_wall, "cpus": os.cpu_count(), "python": platform.python_version()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

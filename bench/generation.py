@@ -1,0 +1,171 @@
+"""Generation throughput: new tokens/s of each engine, batched (one call) vs one prompt at a time.
+
+Run: ``python bench/generation.py [--model DIR] [--prompts 256] [--max-new-tokens 12] [--out JSON]``.
+Without ``--model`` a random ~1M-parameter Llama (4 layers, d=128, 4 heads of 32, char tokenizer) is built
+in a temporary directory; the numbers then measure the engine, not answer quality.
+
+Another engine is one more entry in ``ENGINES``: a name and a function from the model directory (and
+thread count) to a ``GenerationBackend``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rsi.backends import GenerationBackend, SamplingParams
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "generation.json"
+SEQUENTIAL_PROMPTS = 32  # the one-at-a-time arm times this many prompts; tokens/s is comparable anyway
+
+
+def _hf(model_dir: Path, threads: int | None) -> GenerationBackend:
+    from rsi.backends.hf import HFBackend
+
+    return HFBackend(model_dir, threads=threads)
+
+
+# name -> factory; a vLLM server would be e.g. ("vllm", lambda d, t: get_backend("openai", base_url=..., model=...)).
+ENGINES: list[tuple[str, Callable[[Path, int | None], GenerationBackend]]] = [("hf", _hf)]
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One engine in one mode: how many prompts and new tokens, in how many seconds."""
+
+    engine: str
+    mode: str
+    prompts: int
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def addition_prompts(count: int, width: int = 10, seed: int = 0) -> list[str]:
+    """Reverse-addition prompts such as ``2100000000+5430000000=`` (least significant digit first)."""
+    rng = random.Random(seed)
+    digits = lambda: "".join(rng.choice("0123456789") for _ in range(width))  # noqa: E731
+    return [f"{digits()}+{digits()}=" for _ in range(count)]
+
+
+def build_random_llama(path: Path) -> Path:
+    """Save a random ~1M-parameter LlamaForCausalLM with a char tokenizer (digits, + =, specials)."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<bos>", "<eos>", *"0123456789+="])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=256,
+        bos_token_id=vocab["<bos>"], eos_token_id=vocab["<eos>"], pad_token_id=vocab["<pad>"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    # EOS logit fixed at 0 while others vary: a random model then almost never stops early, so arms do equal work.
+    with torch.no_grad():
+        model.lm_head.weight[vocab["<eos>"]] = 0.0
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def measure(backend: GenerationBackend, prompts: Sequence[str], params: SamplingParams, batched: bool) -> tuple[int, float]:
+    """New tokens and wall seconds for the prompts, in one call or one call per prompt."""
+    started = time.perf_counter()
+    calls = [prompts] if batched else [[p] for p in prompts]
+    results = [c for call in calls for per_prompt in backend.generate(call, params) for c in per_prompt]
+    return sum(c.completion_tokens for c in results), time.perf_counter() - started
+
+
+def run_engine(name: str, backend: GenerationBackend, prompts: list[str], params: SamplingParams) -> list[ArmResult]:
+    """Both modes for one engine, after a warm-up call."""
+    backend.generate(prompts[:8], params)
+    sequential = prompts[:SEQUENTIAL_PROMPTS]
+    arms = []
+    for mode, subset in (("batched", prompts), ("sequential", sequential)):
+        tokens, seconds = measure(backend, subset, params, batched=mode == "batched")
+        arms.append(ArmResult(name, mode, len(subset), tokens, seconds))
+    return arms
+
+
+def machine_info(threads: int | None) -> dict:
+    import torch
+    import transformers
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "threads_arg": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1m": os.getloadavg()[0],  # other jobs on the machine make the numbers noisy
+    }
+
+
+def print_table(arms: list[ArmResult]) -> None:
+    """Plain table: one line per engine and mode, plus batched/sequential per engine."""
+    print(f"{'engine':<10}{'mode':<12}{'prompts':>8}{'new tok':>9}{'seconds':>9}{'tok/s':>10}")
+    for arm in arms:
+        print(f"{arm.engine:<10}{arm.mode:<12}{arm.prompts:>8}{arm.new_tokens:>9}{arm.seconds:>9.2f}{arm.tokens_per_s:>10.0f}")
+    for engine, ratio in ratios(arms).items():
+        print(f"{engine}: batched/sequential = {ratio:.1f}x")
+
+
+def ratios(arms: list[ArmResult]) -> dict[str, float]:
+    by_key = {(a.engine, a.mode): a.tokens_per_s for a in arms}
+    return {e: by_key[(e, "batched")] / by_key[(e, "sequential")] for e, m in by_key if m == "batched"}
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a saved causal LM directory (default: a random ~1M-param Llama)")
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    prompts = addition_prompts(args.prompts)
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model or build_random_llama(Path(scratch) / "random-llama")
+        arms = []
+        for name, factory in ENGINES:
+            backend = factory(model_dir, args.threads)
+            arms += run_engine(name, backend, prompts, params)
+            backend.close()
+    print_table(arms)
+    report = {
+        "model": str(args.model) if args.model else "random Llama 4L d128 4x32 heads (built)",
+        "params": params.model_dump(),
+        "arms": [asdict(a) | {"tokens_per_s": a.tokens_per_s} for a in arms],
+        "batched_over_sequential": ratios(arms),
+        "machine": machine_info(args.threads),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Selection: a query over audited trajectories that yields the next training set.
+
+Only trajectories with a passed verdict are eligible. Filters: one copy of each (task, completion),
+at most ``cap_per_task`` per task, an optional learnability band on the per-task pass rate. Replay
+keeps earlier generations' selected examples (and the champion's verified answers at mastered levels)
+in the set against forgetting. The result is content-addressed by its ordered examples.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rsi.hashing import digest
+
+
+class SelectionSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cap_per_task: int = Field(1, ge=1)
+    band: tuple[float, float] = Field((0.0, 1.0), description="keep tasks whose pass rate lies in [lo, hi]")
+    replay_generations: int = Field(3, ge=0, description="earlier generations whose selections are replayed")
+    replay_cap: int = Field(4096, ge=0, description="at most this many replayed examples")
+
+
+class Candidate(BaseModel):
+    """One audited trajectory, flattened for selection."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trajectory_id: str
+    task_id: str
+    level: int
+    prompt: str
+    completion: str
+    passed: bool
+
+
+class Example(BaseModel):
+    """One training example: the prompt the model saw and the completion it produced (and passed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trajectory_id: str
+    level: int
+    prompt: str
+    completion: str
+    source: Literal["frontier", "replay"]
+
+
+class Dataset(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    examples: tuple[Example, ...]
+
+    @property
+    def digest(self) -> str:
+        return digest([[e.trajectory_id, e.source] for e in self.examples])
+
+    def pool(self, source: str) -> list[Example]:
+        return [e for e in self.examples if e.source == source]
+
+
+def select(
+    candidates: Iterable[Candidate],
+    replay: Sequence[Example],
+    spec: SelectionSpec,
+    *,
+    frontier_levels: set[int],
+    seed: int,
+) -> Dataset:
+    """Build the dataset: filtered passed candidates plus replay, in a deterministic order."""
+    by_task: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        by_task[c.task_id].append(c)
+    chosen: list[Example] = []
+    lo, hi = spec.band
+    for task_id in sorted(by_task):
+        attempts = sorted(by_task[task_id], key=lambda c: c.trajectory_id)
+        rate = sum(c.passed for c in attempts) / len(attempts)
+        if not lo <= rate <= hi:
+            continue
+        seen: set[str] = set()
+        for c in attempts:
+            if not c.passed or c.completion in seen:
+                continue
+            seen.add(c.completion)
+            source = "frontier" if c.level in frontier_levels else "replay"
+            chosen.append(Example(trajectory_id=c.trajectory_id, level=c.level, prompt=c.prompt,
+                                  completion=c.completion, source=source))
+            if len(seen) >= spec.cap_per_task:
+                break
+    have = {e.trajectory_id for e in chosen}
+    old = sorted({e.trajectory_id: e for e in replay if e.trajectory_id not in have}.values(),
+                 key=lambda e: e.trajectory_id)
+    rng = random.Random(seed)
+    if len(old) > spec.replay_cap:
+        old = sorted(rng.sample(old, spec.replay_cap), key=lambda e: e.trajectory_id)
+    chosen += [e.model_copy(update={"source": "replay"}) for e in old]
+    return Dataset(examples=tuple(chosen))
