@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rsi-installed
+GENERATIONS ?= 12
 
 .PHONY: setup demo test clean
 setup: $(STAMP)
@@ -16,11 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
+# The RSI demo on the embedded default: SQLite state DB, local MLflow and Prefect's ephemeral API, all in
+# ./.rsi. The base build is cached; `rsi run` continues the lineage where an earlier run left it.
 demo: setup
-	$(BIN)/rsi config show
 	$(BIN)/rsi db upgrade
-	$(BIN)/rsi db current
 	$(BIN)/rsi harness validate harness_versions/addition/v1
+	$(BIN)/rsi base build
+	$(BIN)/rsi run addition --generations $(GENERATIONS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -14,6 +14,7 @@ import random
 import tempfile
 import threading
 import time
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,11 @@ from rsi.config import get_settings
 os.environ.setdefault("PREFECT_HOME", str(get_settings().prefect_dir))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry; it also locks SQLite
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# PEFT 0.21 calls an attribute transformers 5 renamed; harmless, and it would print once per adapter load.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact  # noqa: E402
@@ -57,7 +63,7 @@ def _quiet(_: str) -> None:
 def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) -> dict[str, Any]:
     def body() -> dict[str, Any]:
         accuracy = champion_accuracy(run, champ, gen)
-        plan = plan_levels(accuracy, run.config.curriculum)
+        plan = plan_levels(accuracy, run.curriculum)
         mastered = frontier(accuracy, run.config.curriculum.mastery)
         seed = stream_seed("rollout", run.config.seed, gen.number)
         tasks = [t for p in plan for t in run.family.tasks(seed, p.level, p.n_tasks)]
@@ -76,7 +82,7 @@ def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) 
 def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict[int, float]:
     """Held-out greedy accuracy of the champion, from level 1 up to where it stops being admissible."""
     top = max(run.recipe.train_levels) + run.config.eval_headroom
-    ceiling = run.config.curriculum.max_level
+    ceiling = run.max_level
     scores = run.scores(champ.pair_id, champ.adapter_dir, list(range(1, min(top, ceiling) + 1)), gen.id)
     while top < ceiling and scores[top].accuracy >= run.config.curriculum.admit:
         top += 1
@@ -171,6 +177,7 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
                                  filters={**run.config.selection.model_dump(mode="json"),
                                           "corrupted": run.config.corrupt_training_data,
                                           "sources": [e.source for e in dataset.examples]}))
+                s.flush()
                 s.add_all(DatasetItem(dataset_digest=dataset.digest, position=i, trajectory_id=e.trajectory_id)
                           for i, e in enumerate(dataset.examples))
         return {"digest": dataset.digest, "size": len(dataset.examples),
@@ -236,8 +243,10 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
                            "prompt": e.prompt, "completion": e.completion} for e in dataset.examples])
     with run.registry.start_run(f"gen-{gen.number:03d}", {"lineage": run.config.lineage,
                                                             "generation": str(gen.number)}) as mlrun:
-        data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
-                                       digest=selected["digest"][:36])
+        with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
+            warnings.simplefilter("ignore", UserWarning)
+            data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
+                                           digest=selected["digest"][:36])
         mlflow.log_input(data, context="training")
         mlflow.log_params({f"train.{k}": v for k, v in run.config.train.model_dump().items()}
                           | {"parent_pair_id": champ.pair_id, "dataset_digest": selected["digest"],
@@ -261,7 +270,7 @@ def evaluate_gate(run: LineageRun, gen: Generation, champ: Champion, found: dict
         candidate = run.pair(trained["adapter_hash"])
         run.save_pair(candidate, trained["adapter_dir"], champ.pair_id)
         reached = [int(k) for k in found["accuracy"]] + found["frontier_levels"]
-        levels = list(range(1, max(reached) + 2))
+        levels = list(range(1, min(max(reached) + 1, run.max_level) + 1))
         parent_scores = run.scores(champ.pair_id, champ.adapter_dir, levels, gen.id)
         cand_scores = run.scores(candidate.id, trained["adapter_dir"], levels, gen.id)
         decision = decide(parent_scores, cand_scores, set(found["frontier_levels"]), run.config.gate)
@@ -330,8 +339,9 @@ def log_improvement_plot(run: LineageRun, run_id: str) -> None:
 # The flows
 # --------------------------------------------------------------------------------------------------------
 @flow(name="rsi-cycle", log_prints=False, validate_parameters=False)
-def rsi_cycle(run: LineageRun, number: int, events: Events = _quiet) -> dict[str, Any]:
+def rsi_cycle(run: LineageRun, number: int, events: Events | None = None) -> dict[str, Any]:
     """One generation, stage by stage; returns its summary (also published as Prefect artifacts)."""
+    events = events or _quiet
     progress = create_progress_artifact(0.0, description=f"{run.config.lineage} generation {number}")
     summary = generation(run, number, events, on_stage=lambda i, _: update_progress_artifact(progress, 100.0 * i / 7))
     if "gate" in summary:
@@ -407,8 +417,9 @@ def publish(run: LineageRun, summary: dict[str, Any]) -> None:
 
 
 @flow(name="rsi-lineage", log_prints=False, validate_parameters=False)
-def rsi_lineage(run: LineageRun, generations: int | None = None, events: Events = _quiet) -> list[dict[str, Any]]:
+def rsi_lineage(run: LineageRun, generations: int | None = None, events: Events | None = None) -> list[dict[str, Any]]:
     """Generations until the target level is mastered, a plateau of rejections, or the budget is spent."""
+    events = events or _quiet
     config = run.config
     summaries: list[dict[str, Any]] = []
     done = run.finished_generations()

@@ -50,6 +50,8 @@ def parse_levels(text: str) -> list[int]:
     return sorted(levels)
 
 out = Console(soft_wrap=True)
+if not out.is_terminal:  # files and pipes get whole table rows, not 80-column wrapping
+    out = Console(soft_wrap=True, width=200)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -303,7 +305,7 @@ def show_lineage(name: str) -> None:
         accs = [v.tags.get(f"acc_level_{lvl}", "") for lvl in levels]
         accs = [f"{float(a):.2f}" if a else "" for a in accs]
         table.add_row(f"{v.version}{mark}", v.tags.get("generation", ""), v.tags.get("parent_version", ""),
-                      v.tags.get("gate", ""), *accs, v.tags.get("dataset_digest", "")[:10], v.tags.get("pair_id", ""))
+                      v.tags.get("gate", ""), *accs, v.tags.get("dataset_digest", "")[:10], v.tags.get("pair_id", "")[:17])
     out.print(table)
     out.print("* = champion. Browse it: "
               f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "

@@ -58,7 +58,7 @@ class CycleConfig(BaseModel):
     train: TrainSpec = TrainSpec()
     gate: GateSpec = GateSpec()
     generations: int = Field(12, ge=1)
-    target_level: int = Field(8, ge=1, description="stop once every level up to this one is mastered")
+    target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
     plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
     corrupt_training_data: bool = Field(False, description="TEST SWITCH: train on shuffled answers")
 
@@ -142,6 +142,22 @@ class LineageRun:
         from rsi.lineage import LineageRegistry
 
         return LineageRegistry(self.settings, self.config.lineage)
+
+    @cached_property
+    def max_level(self) -> int:
+        """The highest level both the curriculum allows and the harness can render (its format has a width)."""
+        level = 0
+        while level < self.config.curriculum.max_level:
+            try:
+                self.harness.prompt(self.family.task(self.config.seed, level + 1, 0).payload)
+            except UserError:
+                break
+            level += 1
+        return level
+
+    @property
+    def curriculum(self) -> CurriculumSpec:
+        return self.config.curriculum.model_copy(update={"max_level": self.max_level})
 
     def adapters_dir(self) -> Path:
         return self.settings.home / "adapters" / self.config.lineage

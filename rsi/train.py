@@ -8,6 +8,7 @@ with the replay pool in a fixed proportion, so old levels are rehearsed every st
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -17,11 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rsi.hashing import digest_bytes
+from rsi.hashing import canonical_json, digest_bytes
 from rsi.select import Dataset, Example
 
 ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
 class TrainSpec(BaseModel):
@@ -52,8 +52,20 @@ class TrainResult(BaseModel):
 
 
 def adapter_hash(adapter_dir: Path) -> str:
-    """Identity of an adapter: its weights and config, not the model card PEFT writes beside them."""
-    return digest_bytes([(name, (Path(adapter_dir) / name).read_bytes()) for name in ADAPTER_FILES])
+    """Identity of an adapter: its weights and config, not the model card PEFT writes beside them, nor the
+    local path of the base (the pair records the base by content hash), so it is the same on every machine."""
+    adapter_dir = Path(adapter_dir)
+    config = _stable_config(json.loads((adapter_dir / "adapter_config.json").read_text()))
+    config.pop("base_model_name_or_path", None)
+    weights = (adapter_dir / "adapter_model.safetensors").read_bytes()
+    return digest_bytes([("adapter_config.json", canonical_json(config)), ("adapter_model.safetensors", weights)])
+
+
+def _stable_config(config: dict) -> dict:
+    """PEFT writes target_modules from a set, in an order that changes with Python's hash seed."""
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    return config
 
 
 def lr_at(step: int, spec: TrainSpec) -> float:
@@ -153,6 +165,8 @@ def _save_atomically(model, out_dir: Path) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     model.save_pretrained(tmp)
+    config_file = tmp / "adapter_config.json"
+    config_file.write_text(json.dumps(_stable_config(json.loads(config_file.read_text())), indent=2, sort_keys=True))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)

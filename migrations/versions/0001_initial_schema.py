@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 16:13:00.141937
+Create Date: 2026-12-02 16:51:55.043051
 """
 
 from alembic import op
@@ -36,7 +36,7 @@ def upgrade() -> None:
     sa.Column('family', sa.String(length=64), nullable=False),
     sa.Column('family_version', sa.String(length=16), nullable=False),
     sa.Column('level', sa.Integer(), nullable=False),
-    sa.Column('seed', sa.Integer(), nullable=False),
+    sa.Column('seed', sa.BigInteger(), nullable=False),
     sa.Column('index', sa.Integer(), nullable=False),
     sa.Column('split', sa.String(length=16), nullable=False),
     sa.Column('payload', sa.JSON(), nullable=False),
@@ -101,7 +101,7 @@ def upgrade() -> None:
     sa.Column('generation_id', sa.Integer(), nullable=True),
     sa.Column('level', sa.Integer(), nullable=False),
     sa.Column('split', sa.String(length=16), nullable=False),
-    sa.Column('seed', sa.Integer(), nullable=False),
+    sa.Column('seed', sa.BigInteger(), nullable=False),
     sa.Column('n', sa.Integer(), nullable=False),
     sa.Column('correct', sa.Integer(), nullable=False),
     sa.Column('accuracy', sa.Float(), nullable=False),
@@ -141,7 +141,7 @@ def upgrade() -> None:
     sa.Column('generation_id', sa.Integer(), nullable=True),
     sa.Column('harness_id', sa.String(length=128), nullable=False),
     sa.Column('sample_index', sa.Integer(), nullable=False),
-    sa.Column('seed', sa.Integer(), nullable=False),
+    sa.Column('seed', sa.BigInteger(), nullable=False),
     sa.Column('messages', sa.JSON(), nullable=False),
     sa.Column('finish_reason', sa.String(length=16), nullable=False),
     sa.Column('prompt_tokens', sa.Integer(), nullable=False),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -79,7 +79,7 @@ class TaskRow(Base):
     family: Mapped[str] = mapped_column(String(64), index=True)
     family_version: Mapped[str] = mapped_column(String(16))
     level: Mapped[int] = mapped_column(index=True)
-    seed: Mapped[int]
+    seed: Mapped[int] = mapped_column(BigInteger)
     index: Mapped[int]
     split: Mapped[str] = mapped_column(String(16), default="train")
     payload: Mapped[dict[str, Any]]
@@ -111,7 +111,7 @@ class TrajectoryRow(Base):
     generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="CASCADE"), index=True)
     harness_id: Mapped[str] = mapped_column(String(128))
     sample_index: Mapped[int]
-    seed: Mapped[int]
+    seed: Mapped[int] = mapped_column(BigInteger)
     messages: Mapped[list[Any]]
     finish_reason: Mapped[str] = mapped_column(String(16))
     prompt_tokens: Mapped[int]
@@ -167,7 +167,7 @@ class EvaluationRow(Base):
     generation_id: Mapped[int | None] = mapped_column(ForeignKey("rsi_generations.id", ondelete="SET NULL"))
     level: Mapped[int]
     split: Mapped[str] = mapped_column(String(16), default="heldout")
-    seed: Mapped[int]
+    seed: Mapped[int] = mapped_column(BigInteger)
     n: Mapped[int]
     correct: Mapped[int]
     accuracy: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,462 @@
+"""Built-in base model: a tiny Llama-architecture causal LM trained from scratch on reverse addition.
+
+Task format (fixed width ``W``): ``prompt = A + "+" + B + "="`` with both operands written least-significant
+digit first and zero-padded to ``W`` digits; ``completion`` = the sum, least-significant digit first, padded to
+``W + 1`` digits, then EOS. Level ``n`` = both operands have ``n`` random digits (leading digit nonzero for
+``n > 1``). Loss is on completion tokens and EOS only. The tokenizer is character level over printable ASCII
+(plus ``<pad> <eos> <bos> <unk>``) and prepends ``<bos>`` itself.
+
+Heavy imports (torch, transformers, tokenizers) happen inside functions so that importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+FORMAT_VERSION = "rsi-base-addrev-v1"
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
+PRINTABLE: tuple[str, ...] = tuple(chr(c) for c in range(32, 127))
+VOCAB: tuple[str, ...] = SPECIAL_TOKENS + PRINTABLE
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+DIGIT0_ID = VOCAB.index("0")
+PLUS_ID = VOCAB.index("+")
+EQ_ID = VOCAB.index("=")
+RECIPE_FILE = "rsi_recipe.json"
+MODEL_FILES: tuple[str, ...] = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+)
+_EVAL_STREAM = 0x5EED_E7A1  # eval tasks come from a seed stream disjoint from training's
+_TRAIN_STREAM = 0x7EA1_0001
+
+
+class BaseRecipe(pydantic.BaseModel, frozen=True):
+    """Every knob that changes the base model's weights."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    width: int = 10
+    train_levels: tuple[int, ...] = (1, 2, 3)
+    level_weights: tuple[float, ...] = (1.0, 2.0, 4.0)  # sampling weights, hardest level most
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    intermediate_size: int = 512
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 256
+    tie_embeddings: bool = False
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    batch_size: int = 128
+    steps: int = 1500
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    init_std: float = 0.02
+    seed: int = 0
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> BaseRecipe:
+        if len(self.level_weights) != len(self.train_levels):
+            raise ValueError("level_weights must have one weight per entry of train_levels")
+        if not self.train_levels or any(not 1 <= lv <= self.width for lv in self.train_levels):
+            raise ValueError(f"train_levels must be non-empty and within 1..width={self.width}")
+        if any(w < 0 for w in self.level_weights) or sum(self.level_weights) <= 0:
+            raise ValueError("level_weights must be >= 0 with a positive sum")
+        if self.d_model % self.n_heads or self.d_model // self.n_heads not in (32, 64):
+            raise ValueError("d_model / n_heads (head_dim) must be 32 or 64 (vLLM CPU constraint)")
+        if self.max_position_embeddings < seq_len(self.width):
+            raise ValueError("max_position_embeddings shorter than one example")
+        return self
+
+    def digest(self) -> str:
+        """First 16 hex chars of sha256 over the canonical JSON of the recipe plus FORMAT_VERSION."""
+        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
+
+
+def seq_len(width: int) -> int:
+    """Tokens in one full example: BOS + prompt (2W+2) + completion (W+1) + EOS."""
+    return 1 + (2 * width + 2) + (width + 1) + 1
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level fast tokenizer over printable ASCII; adds ``<bos>`` in front of every sequence."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, BOS_ID)]
+    )
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+
+
+def format_example(a: int, b: int, width: int) -> tuple[str, str]:
+    """(prompt, completion without EOS) for ``a + b`` in reverse, fixed-width form."""
+    if a < 0 or b < 0 or a >= 10**width or b >= 10**width:
+        raise ValueError(f"operands must be in [0, 10**{width})")
+    rev = lambda x, n: str(x).zfill(n)[::-1]  # noqa: E731
+    return f"{rev(a, width)}+{rev(b, width)}=", rev(a + b, width + 1)
+
+
+def sample_operands(rng: np.random.Generator, level: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two (n, width) digit arrays, least-significant digit first, for ``level``-digit operands."""
+    import numpy as np
+
+    out = []
+    for _ in range(2):
+        d = np.zeros((n, width), dtype=np.int64)
+        d[:, :level] = rng.integers(0, 10, size=(n, level))
+        if level > 1:
+            d[:, level - 1] = rng.integers(1, 10, size=n)
+        out.append(d)
+    return out[0], out[1]
+
+
+def _add_digits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    n, w = a.shape
+    s = np.zeros((n, w + 1), dtype=np.int64)
+    carry = np.zeros(n, dtype=np.int64)
+    for i in range(w):
+        t = a[:, i] + b[:, i] + carry
+        s[:, i], carry = t % 10, t // 10
+    s[:, w] = carry
+    return s
+
+
+def _encode_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Token ids [n, seq_len] for BOS + prompt + completion + EOS (matches build_tokenizer's ids)."""
+    import numpy as np
+
+    n, _ = a.shape
+    cols = [
+        np.full((n, 1), BOS_ID), a + DIGIT0_ID, np.full((n, 1), PLUS_ID), b + DIGIT0_ID,
+        np.full((n, 1), EQ_ID), _add_digits(a, b) + DIGIT0_ID, np.full((n, 1), EOS_ID),
+    ]
+    return np.concatenate(cols, axis=1).astype(np.int64)
+
+
+def _eval_rng(seed: int, level: int):
+    import numpy as np
+
+    return np.random.default_rng([_EVAL_STREAM, seed, level])
+
+
+def _lr_at(step: int, r: BaseRecipe) -> float:
+    if step < r.warmup:
+        return r.lr * (step + 1) / r.warmup
+    t = (step - r.warmup) / max(1, r.steps - r.warmup)
+    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def _build_model(r: BaseRecipe) -> PreTrainedModel:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=r.d_model,
+        intermediate_size=r.intermediate_size,
+        num_hidden_layers=r.n_layers,
+        num_attention_heads=r.n_heads,
+        num_key_value_heads=r.n_heads,
+        head_dim=r.d_model // r.n_heads,
+        max_position_embeddings=r.max_position_embeddings,
+        rope_theta=r.rope_theta,
+        initializer_range=r.init_std,
+        tie_word_embeddings=r.tie_embeddings,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def train_base(
+    recipe: BaseRecipe,
+    out_dir: Path,
+    progress: Callable[[int, int, float], None] | None = None,
+    eval_n: int = 256,
+    num_threads: int | None = None,
+) -> dict[int, float]:
+    """Train the base model, write it (HF format + tokenizer + rsi_recipe.json) atomically to ``out_dir``.
+
+    Returns greedy exact-match accuracy per trained level on held-out tasks. ``num_threads`` (default: torch's
+    own, i.e. the physical cores) does not change the weights on CPU.
+    """
+    import torch
+
+    prev = torch.get_num_threads()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        return _train_base(recipe, Path(out_dir), progress, eval_n)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _train_base(
+    recipe: BaseRecipe, out_dir: Path, progress: Callable[[int, int, float], None] | None, eval_n: int
+) -> dict[int, float]:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from transformers import GenerationConfig
+
+    t_start = time.perf_counter()
+    r = recipe
+    torch.manual_seed(r.seed)
+    model = _build_model(r)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": r.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=r.lr, betas=(r.beta1, r.beta2), eps=1e-8,
+    )
+    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
+    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
+    w = r.width
+    p0 = 1 + 2 * w + 2  # index of first completion token
+    t0 = time.perf_counter()
+    loss_val = float("nan")
+    for step in range(r.steps):
+        counts = rng.multinomial(r.batch_size, probs)
+        parts = [_encode_batch(*sample_operands(rng, lv, int(c), w)) for lv, c in zip(r.train_levels, counts) if c]
+        ids = torch.from_numpy(np.concatenate(parts))
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, r)
+        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
+        logits = model.lm_head(hidden)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if r.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip)
+        opt.step()
+        loss_val = float(loss.detach())
+        if progress is not None:
+            progress(step + 1, r.steps, loss_val)
+    train_s = time.perf_counter() - t0
+    model.eval()
+    tok = build_tokenizer()
+    t1 = time.perf_counter()
+    top = max(r.train_levels)
+    report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
+    greedy = _evaluate(model, r.width, report_levels, eval_n, seed=r.seed)
+    beyond = [lv for lv in (top + 1,) if lv <= r.width]
+    pass8 = _evaluate(model, r.width, beyond, eval_n, seed=r.seed, k=8, temperature=1.0)
+    acc = {lv: greedy[lv] for lv in r.train_levels}
+    eval_s = time.perf_counter() - t1
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        model.generation_config = GenerationConfig(
+            bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, do_sample=False,
+            max_new_tokens=r.width + 2,
+        )
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        _portable_tokenizer_config(tmp)
+        meta: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "digest": r.digest(),
+            "recipe": r.model_dump(mode="json"),
+            "final_loss": loss_val,
+            "train_seconds": round(train_s, 2),
+            "torch_threads": torch.get_num_threads(),
+            "eval_seconds": round(eval_s, 2),
+            "train_tokens_per_s": round(r.steps * r.batch_size * (seq_len(w) - 1) / train_s, 1),
+            "build_seconds": round(time.perf_counter() - t_start, 2),
+            "greedy": {str(k): v for k, v in greedy.items()},
+            "pass_at_8": {str(k): v for k, v in pass8.items()},
+            "eval_n": eval_n,
+        }
+        (tmp / RECIPE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        for p in [tmp, *tmp.iterdir()]:  # mkdtemp makes 0700; others (e.g. a vLLM server) must read it
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return acc
+
+
+def _portable_tokenizer_config(d: Path) -> None:
+    """Name the generic fast-tokenizer class so older transformers (e.g. in a vLLM venv) load it too."""
+    p = d / "tokenizer_config.json"
+    cfg = json.loads(p.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    p.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished directory ``src`` onto ``dst``, replacing an existing one."""
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def base_dir_for(settings: Any, recipe: BaseRecipe) -> Path:
+    """Where ``ensure_base`` keeps the base built from ``recipe``: ``<RSI_HOME>/models/base-<digest>``."""
+    return Path(settings.home) / "models" / f"base-{recipe.digest()}"
+
+
+_BUILT_HERE: set[str] = set()
+
+
+def ensure_base(
+    settings: Any,
+    recipe: BaseRecipe,
+    *,
+    force: bool = False,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
+    """The cached base model for ``recipe`` under ``settings.home``; trains it first if missing or ``force``."""
+    path = base_dir_for(settings, recipe)
+    if force or not _is_complete(path, recipe):
+        train_base(recipe, path, progress)
+        _BUILT_HERE.add(str(path.resolve()))
+    return path
+
+
+def _is_complete(path: Path, recipe: BaseRecipe) -> bool:
+    try:
+        meta = json.loads((path / RECIPE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("digest") == recipe.digest() and all((path / f).is_file() for f in MODEL_FILES)
+
+
+def base_report(model_dir: Path) -> dict[str, Any]:
+    """What the build measured (rsi_recipe.json) plus ``cached``: False only if built by this process."""
+    meta = json.loads((Path(model_dir) / RECIPE_FILE).read_text())
+    meta["cached"] = str(Path(model_dir).resolve()) not in _BUILT_HERE
+    return meta
+
+
+def model_hash(model_dir: Path) -> str:
+    """Identity of a saved base: weights, config and tokenizer files (not the build report, which has timings)."""
+    from rsi.hashing import digest_bytes
+
+    return digest_bytes([(name, (Path(model_dir) / name).read_bytes()) for name in MODEL_FILES])
+
+
+def read_recipe(model_dir: Path) -> BaseRecipe:
+    """The recipe a saved base model was trained with."""
+    meta = json.loads((Path(model_dir) / RECIPE_FILE).read_text())
+    return BaseRecipe.model_validate(meta["recipe"])
+
+
+def _generate(model: PreTrainedModel, prompt_ids: torch.Tensor, max_new: int, temperature: float,
+              gen: torch.Generator | None) -> torch.Tensor:
+    """Batched KV-cached decoding of equal-length prompts; returns [n, max_new] new token ids."""
+    import inspect
+
+    import torch
+    from transformers import DynamicCache
+
+    # transformers >= 5.24 renamed the forward argument ``past_key_values`` to ``cache``
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.inference_mode():
+        try:
+            cache = DynamicCache(config=model.config)
+        except TypeError:  # older transformers
+            cache = DynamicCache()
+        out = model(input_ids=prompt_ids, use_cache=True, **{key: cache})
+        new = []
+        done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+        for i in range(max_new):
+            logits = out.logits[:, -1, :].float()
+            if temperature > 0:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
+            new.append(nxt)
+            done |= nxt == EOS_ID
+            if bool(done.all()) or i == max_new - 1:
+                break
+            out = model(input_ids=nxt[:, None], use_cache=True, **{key: cache})
+        res = torch.stack(new, dim=1)
+        if res.shape[1] < max_new:
+            res = torch.nn.functional.pad(res, (0, max_new - res.shape[1]), value=PAD_ID)
+        return res
+
+
+def _evaluate(model: PreTrainedModel, width: int, levels: Iterable[int], n: int, seed: int, k: int = 1,
+              temperature: float = 0.0, batch: int = 512) -> dict[int, float]:
+    import numpy as np
+    import torch
+
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    p0 = 1 + 2 * width + 2
+    res: dict[int, float] = {}
+    for lv in levels:
+        ids = torch.from_numpy(_encode_batch(*sample_operands(_eval_rng(seed, lv), lv, n, width)))
+        prompts, target = ids[:, :p0], ids[:, p0:]
+        prompts = prompts.repeat_interleave(k, dim=0)
+        target = target.repeat_interleave(k, dim=0)
+        ok = []
+        for s in range(0, prompts.shape[0], batch):
+            outp = _generate(model, prompts[s : s + batch], target.shape[1], temperature, gen)
+            ok.append((outp == target[s : s + batch]).all(dim=1))
+        hit = torch.cat(ok).view(n, k).any(dim=1)
+        res[lv] = float(hit.float().mean())
+    return res
+
+
+def evaluate_levels(model_dir: Path, levels: Sequence[int], n: int, seed: int, k: int = 1,
+                    temperature: float = 0.0, width: int | None = None) -> dict[int, float]:
+    """Greedy accuracy (k=1, temperature 0) or pass@k at ``temperature`` per level, on held-out tasks."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if k > 1 and temperature <= 0:
+        raise ValueError("pass@k with k > 1 needs temperature > 0")
+    if width is None:
+        width = int(json.loads((Path(model_dir) / RECIPE_FILE).read_text())["recipe"]["width"])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return _evaluate(model, width, levels, n, seed, k=k, temperature=temperature)
