@@ -180,7 +180,7 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
                 s.flush()
                 s.add_all(DatasetItem(dataset_digest=dataset.digest, position=i, trajectory_id=e.trajectory_id)
                           for i, e in enumerate(dataset.examples))
-        return {"digest": dataset.digest, "size": len(dataset.examples),
+        return {"digest": dataset.digest, "size": len(dataset.examples), "corrupted": run.config.corrupt_training_data,
                 "frontier": len(dataset.pool("frontier")), "replay": len(dataset.pool("replay")),
                 "examples": [e.model_dump() for e in dataset.examples]}
 
@@ -193,7 +193,8 @@ def replay_examples(run: LineageRun, gen: Generation) -> list[Example]:
     examples: list[Example] = []
     for g in earlier:
         result = run.stage_result(g.id, "select") or {}
-        examples += [Example(**e) for e in result.get("examples", [])]
+        if not result.get("corrupted"):  # the test switch's shuffled answers must never be replayed
+            examples += [Example(**e) for e in result.get("examples", [])]
     return examples
 
 
@@ -247,7 +248,7 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
             warnings.simplefilter("ignore", UserWarning)
             data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
                                            digest=selected["digest"][:36])
-        mlflow.log_input(data, context="training")
+            mlflow.log_input(data, context="training")
         mlflow.log_params({f"train.{k}": v for k, v in run.config.train.model_dump().items()}
                           | {"parent_pair_id": champ.pair_id, "dataset_digest": selected["digest"],
                              "dataset_size": selected["size"]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -224,7 +225,7 @@ def eval_cmd(
     from rsi.config import get_settings
     from rsi.cycle import REPO, load_config
     from rsi.errors import UserError
-    from rsi.evaluate import evaluate
+    from rsi.evaluate import evaluate, expressible
     from rsi.hcp import load_harness
     from rsi.models import Pair
     from rsi.tasks import get_family
@@ -238,13 +239,17 @@ def eval_cmd(
     base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)
+    family = get_family(config.family)
+    posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
     backend = get_backend("hf", model_dir=base)
-    scores = evaluate(harness, get_family(config.family), backend, pair.id, wanted, n, lineage_seed=config.seed,
+    scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
                       adapter=str(adapter) if adapter else None, k=k)
     what = "greedy" if k == 1 else f"pass@{k}"
     table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} (held-out)")
     for sc in scores:
         table.add_row(str(sc.level), f"{sc.accuracy:.3f}", f"[{sc.ci_low:.3f}, {sc.ci_high:.3f}]", f"{sc.correct}/{sc.n}")
+    for level in sorted(set(wanted) - set(posable)):
+        table.add_row(str(level), "-", "-", f"not posable: {harness.id}'s format is too narrow")
     out.print(table)
 
 
@@ -314,6 +319,8 @@ def show_lineage(name: str) -> None:
 
 def main() -> None:
     """Entry point of the ``rsi`` script."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app()
     except RsiError as exc:

@@ -22,7 +22,7 @@ from sqlalchemy import delete, select, update
 from rsi.config import Settings
 from rsi.curriculum import CurriculumSpec
 from rsi.errors import UserError
-from rsi.evaluate import LevelScore, evaluate
+from rsi.evaluate import LevelScore, evaluate, expressible
 from rsi.gate import GateSpec
 from rsi.hashing import digest
 from rsi.hcp import Harness, load_harness
@@ -147,11 +147,7 @@ class LineageRun:
     def max_level(self) -> int:
         """The highest level both the curriculum allows and the harness can render (its format has a width)."""
         level = 0
-        while level < self.config.curriculum.max_level:
-            try:
-                self.harness.prompt(self.family.task(self.config.seed, level + 1, 0).payload)
-            except UserError:
-                break
+        while level < self.config.curriculum.max_level and expressible(self.harness, self.family, level + 1):
             level += 1
         return level
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rsi.audit import audit
 from rsi.backends.base import GenerationBackend
+from rsi.errors import UserError
 from rsi.execute import rollout, sampling_params
 from rsi.hcp import Harness
 from rsi.splits import stream_seed
@@ -47,6 +48,15 @@ def score(level: int, outcomes: list[bool], decoding: str = "greedy") -> LevelSc
     low, high = wilson(correct, n)
     return LevelScore(level=level, n=n, correct=correct, accuracy=correct / n if n else 0.0,
                       ci_low=low, ci_high=high, decoding=decoding, outcomes=tuple(outcomes))
+
+
+def expressible(harness: Harness, family: TaskFamily, level: int) -> bool:
+    """Whether the harness's format can pose tasks of ``level`` (a fixed-width format has a ceiling)."""
+    try:
+        harness.prompt(family.task(0, level, 0).payload)
+    except UserError:
+        return False
+    return True
 
 
 def evaluate(
