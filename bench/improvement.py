@@ -74,7 +74,7 @@ def main() -> None:
         adapter = out
     control_s = time.perf_counter() - started
 
-    levels = list(range(1, config.target_level + 3))
+    levels = list(range(1, run.max_level + 1))  # every level the harness can pose
     base_scores = run.scores(run.pair(None).id, None, levels)
     lineage_scores = run.scores(champ.pair_id, champ.adapter_dir, levels)
     from rsi.train import adapter_hash
