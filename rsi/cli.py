@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from rsi.errors import RsiError
 
@@ -388,5 +389,5 @@ def main() -> None:
     try:
         app()
     except RsiError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        err.print("[red]error:[/red]", Text(str(exc)), highlight=False, soft_wrap=True)  # no markup in messages
         sys.exit(exc.exit_code)

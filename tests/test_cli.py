@@ -86,6 +86,7 @@ def test_harness_validate_exit_codes(tmp_path: Path) -> None:
     result = rsi("harness", "validate", str(undefined / "hcp.toml"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "prompt.j2" in result.stderr and "prompt.template" in result.stderr and "'second'" in result.stderr
+    assert "[prompt.vars]" in result.stderr  # messages are printed as text, not as console markup
 
 
 def test_bad_cli_arguments_exit_2() -> None:
