@@ -80,6 +80,7 @@ def main() -> None:
     from rsi.train import adapter_hash
 
     control_pair = run.pair(adapter_hash(adapter)) if adapter else run.pair(None)
+    run.save_pair(control_pair, str(adapter) if adapter else None, None)
     control_scores = run.scores(control_pair.id, str(adapter) if adapter else None, levels)
     run.close()
 
