@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -177,13 +176,6 @@ def _eval_rng(seed: int, level: int):
     return np.random.default_rng([_EVAL_STREAM, seed, level])
 
 
-def _lr_at(step: int, r: BaseRecipe) -> float:
-    if step < r.warmup:
-        return r.lr * (step + 1) / r.warmup
-    t = (step - r.warmup) / max(1, r.steps - r.warmup)
-    return r.lr * (r.min_lr_ratio + (1 - r.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
-
-
 def _build_model(r: BaseRecipe) -> PreTrainedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -238,6 +230,8 @@ def _train_base(
     import torch.nn.functional as F
     from transformers import GenerationConfig
 
+    from rsi.train import lr_at
+
     t_start = time.perf_counter()
     r = recipe
     torch.manual_seed(r.seed)
@@ -260,7 +254,7 @@ def _train_base(
         parts = [_encode_batch(*sample_operands(rng, lv, int(c), w)) for lv, c in zip(r.train_levels, counts) if c]
         ids = torch.from_numpy(np.concatenate(parts))
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, r)
+            g["lr"] = lr_at(step, r)
         hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
         logits = model.lm_head(hidden)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,8 +69,15 @@ def _stable_config(config: dict) -> dict:
     return config
 
 
-def lr_at(step: int, spec: TrainSpec) -> float:
-    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak."""
+class Schedule(Protocol):
+    lr: float
+    warmup: int
+    steps: int
+    min_lr_ratio: float
+
+
+def lr_at(step: int, spec: Schedule) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio`` of the peak (LoRA training and the base's)."""
     if step < spec.warmup:
         return spec.lr * (step + 1) / spec.warmup
     progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
