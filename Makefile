@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The RSI demo on the embedded default: SQLite state DB, local MLflow and Prefect's ephemeral API, all in
-# ./.rsi. The base build is cached; `rsi run` continues the lineage where an earlier run left it.
+# ./.rsi. The base build is cached; `rsi run` continues the lineage where an earlier run left it. The last
+# step reports the champion on the test split, which no decision of the run has seen.
 demo: setup
 	$(BIN)/rsi db upgrade
-	$(BIN)/rsi harness validate harness_versions/addition/v1
+	$(BIN)/rsi harness validate harness_versions/addition/v2
 	$(BIN)/rsi base build
 	$(BIN)/rsi run addition --generations $(GENERATIONS)
+	$(BIN)/rsi eval --lineage addition --split test --levels 1-10 --n 256
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -35,6 +35,7 @@ def arm(name: str, profile: str, base: Path, root: Path) -> dict:
     from rsi.cycle import LineageRun, load_config
 
     run = LineageRun(load_config(profile), get_settings())
+    run.acquire()
     run.backend  # load the model outside the timed region: both arms pay it once
     start = time.perf_counter()
     summary = generation(run, 1, direct=True) if name == "direct" else rsi_cycle(run, 1)

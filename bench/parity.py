@@ -23,8 +23,8 @@ def prompts(n: int) -> list[str]:
     from rsi.hcp import load_harness
     from rsi.tasks import get_family
 
-    harness, family = load_harness(REPO / "harness_versions/addition/v1"), get_family("addition")
-    return [harness.prompt(family.task(7, 1 + i % 10, i).payload) for i in range(n)]
+    harness, family = load_harness(REPO / "harness_versions/addition/v2"), get_family("addition")
+    return [harness.prompt(family.task("test", 7, 1 + i % 10, i).payload) for i in range(n)]
 
 
 def compare(hf_out, vllm_out, texts) -> dict:

@@ -39,10 +39,12 @@ from sqlalchemy import select as sql_select  # noqa: E402
 
 from rsi.audit import audit  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
-from rsi.cycle import Champion, CycleConfig, LineageRun, acquire_lease, heartbeat, release_lease  # noqa: E402
+from rsi.cycle import Champion, CycleConfig, LineageRun, fault_point, keep_alive  # noqa: E402
 from rsi.execute import rollout, sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
-from rsi.select import Candidate, Example, select  # noqa: E402
+from rsi.hashing import digest  # noqa: E402
+from rsi.models import Task, Trajectory  # noqa: E402
+from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
 from rsi.splits import stream_seed  # noqa: E402
 from rsi.store.records import put_tasks, put_trajectories, put_verdicts, task_from_row, trajectory_from_row  # noqa: E402
 from rsi.store.schema import DatasetItem, DatasetRow, Generation, TaskRow, TrajectoryRow, VerdictRow, utcnow  # noqa: E402
@@ -57,7 +59,7 @@ def _quiet(_: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# 1. discover: levels from the champion's held-out accuracy, tasks from this generation's seed stream
+# 1. discover: levels from the champion's held-out accuracy, tasks from this generation's train stream
 # --------------------------------------------------------------------------------------------------------
 @task(name="discover", cache_policy=NO_CACHE)
 def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) -> dict[str, Any]:
@@ -66,12 +68,13 @@ def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) 
         plan = plan_levels(accuracy, run.curriculum)
         mastered = frontier(accuracy, run.config.curriculum.mastery)
         seed = stream_seed("rollout", run.config.seed, gen.number)
-        tasks = [t for p in plan for t in run.family.tasks(seed, p.level, p.n_tasks)]
-        replay_seed = stream_seed("rollout", run.config.seed, 10_000 + gen.number)
+        tasks = [t for p in plan for t in run.family.tasks("train", seed, p.level, p.n_tasks)]
+        replay_seed = stream_seed("replay", run.config.seed, gen.number)
         replay_levels = range(1, mastered + 1) if plan else range(0)
-        tasks += [t for lvl in replay_levels for t in run.family.tasks(replay_seed, lvl, run.config.replay_tasks_per_level)]
-        with run.store.session() as s:
-            put_tasks(s, tasks, split="rollout")
+        tasks += [t for lvl in replay_levels
+                  for t in run.family.tasks("train", replay_seed, lvl, run.config.replay_tasks_per_level)]
+        with run.write() as s:
+            put_tasks(s, tasks)
         return {"accuracy": {str(k): v for k, v in accuracy.items()}, "frontier": mastered,
                 "plan": [p.model_dump() for p in plan], "task_ids": [t.id for t in tasks],
                 "frontier_levels": [p.level for p in plan], "replay_levels": list(replay_levels)}
@@ -91,7 +94,7 @@ def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict
 
 
 # --------------------------------------------------------------------------------------------------------
-# 2. execute: k samples per task under the champion pair; every trajectory is stored
+# 2. execute: k samples per task (the harness's decoding.samples) under the champion pair; all stored
 # --------------------------------------------------------------------------------------------------------
 @task(name="execute", cache_policy=NO_CACHE)
 def execute(run: LineageRun, gen: Generation, champ: Champion, found: dict[str, Any], events: Events) -> dict[str, Any]:
@@ -99,11 +102,10 @@ def execute(run: LineageRun, gen: Generation, champ: Champion, found: dict[str, 
         with run.store.session() as s:
             rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found["task_ids"])))}
         tasks = [task_from_row(rows[i]) for i in found["task_ids"]]
-        params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number),
-                                 samples=run.config.samples)
+        params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         start = time.perf_counter()
         trajectories = rollout(tasks, run.harness, run.backend, champ.pair_id, params, adapter=champ.adapter_dir)
-        with run.store.session() as s:
+        with run.write() as s:
             put_trajectories(s, trajectories, generation_id=gen.id)
         return {"trajectories": len(trajectories), "tasks": len(tasks), "seconds": time.perf_counter() - start,
                 "ids": [t.id for t in trajectories]}
@@ -120,7 +122,7 @@ def audit_stage(run: LineageRun, gen: Generation, champ: Champion, executed: dic
         trajectories, tasks = load_trajectories(run, executed["ids"])
         pair = run.load_pair(champ.pair_id)
         verdicts = [audit(t, tasks[t.task_id], run.harness, run.family, pair) for t in trajectories]
-        with run.store.session() as s:
+        with run.write() as s:
             put_verdicts(s, verdicts)
         failures = Counter(rule for v in verdicts for rule in v.failed_rules())
         return {"audited": len(verdicts), "passed": sum(v.passed for v in verdicts), "failed_by_rule": dict(failures),
@@ -129,7 +131,8 @@ def audit_stage(run: LineageRun, gen: Generation, champ: Champion, executed: dic
     return run.run_stage(gen, "audit", {"trajectories": executed["ids"], "contract": run.harness.hash}, body, events)
 
 
-def load_trajectories(run: LineageRun, ids: list[str]):
+def load_trajectories(run: LineageRun, ids: list[str]) -> tuple[list[Trajectory], dict[str, Task]]:
+    """Stored trajectories in the order of ``ids``, and their tasks by id."""
     with run.store.session() as s:
         rows = list(s.scalars(sql_select(TrajectoryRow).where(TrajectoryRow.id.in_(ids))))
         task_ids = {r.task_id for r in rows}
@@ -164,44 +167,64 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
                 VerdictRow.trajectory_id.in_(executed["ids"]), VerdictRow.passed,
                 VerdictRow.harness_hash == run.harness.hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
-                                prompt=t.messages[0].content, completion=t.completion, passed=t.id in passed)
+                                prompt=model_input(t), completion=t.completion, passed=t.id in passed)
                       for t in trajectories]
         dataset = select(candidates, replay_examples(run, gen), run.config.selection,
                          frontier_levels=set(found["frontier_levels"]), seed=run.config.seed + gen.number)
-        if run.config.corrupt_training_data:
-            dataset = corrupt(dataset, seed=gen.number)
-        with run.store.session() as s:
+        corrupted = run.config.corrupt_training_data
+        with run.write() as s:
             if s.get(DatasetRow, dataset.digest) is None:
                 s.add(DatasetRow(digest=dataset.digest, lineage=run.config.lineage, generation_id=gen.id,
                                  size=len(dataset.examples),
-                                 filters={**run.config.selection.model_dump(mode="json"),
-                                          "corrupted": run.config.corrupt_training_data,
+                                 filters={**run.config.selection.model_dump(mode="json"), "corrupted": corrupted,
                                           "sources": [e.source for e in dataset.examples]}))
                 s.flush()
                 s.add_all(DatasetItem(dataset_digest=dataset.digest, position=i, trajectory_id=e.trajectory_id)
                           for i, e in enumerate(dataset.examples))
-        return {"digest": dataset.digest, "size": len(dataset.examples), "corrupted": run.config.corrupt_training_data,
-                "frontier": len(dataset.pool("frontier")), "replay": len(dataset.pool("replay")),
-                "examples": [e.model_dump() for e in dataset.examples]}
+        return {"digest": dataset.digest, "size": len(dataset.examples), "corrupted": corrupted,
+                "frontier": len(dataset.pool("frontier")), "replay": len(dataset.pool("replay"))}
 
     return run.run_stage(gen, "select", {"audit": audited, "trajectories": executed["ids"]}, body, events)
 
 
+def model_input(trajectory: Trajectory) -> str:
+    """What the model read before its reply: the prompt messages' contents in order (completion mode)."""
+    prompt = []
+    for message in trajectory.messages:
+        if message.role == "assistant":
+            break
+        prompt.append(message.content)
+    return "".join(prompt)
+
+
+def load_dataset(run: LineageRun, dataset_digest: str) -> tuple[Dataset, bool]:
+    """A stored selection as training examples, read from the stored trajectories (prompt and completion
+    exactly as sampled), and whether the test switch marked it corrupted."""
+    with run.store.session() as s:
+        row = s.get(DatasetRow, dataset_digest)
+        items = list(s.scalars(sql_select(DatasetItem).where(DatasetItem.dataset_digest == dataset_digest)
+                               .order_by(DatasetItem.position)))
+        sources, corrupted = row.filters["sources"], bool(row.filters.get("corrupted"))
+    trajectories, tasks = load_trajectories(run, [i.trajectory_id for i in items])
+    examples = tuple(Example(trajectory_id=t.id, level=tasks[t.task_id].level, prompt=model_input(t),
+                             completion=t.completion, source=source)
+                     for t, source in zip(trajectories, sources, strict=True))
+    return Dataset(examples=examples), corrupted
+
+
 def replay_examples(run: LineageRun, gen: Generation) -> list[Example]:
-    """Selected examples of the last few earlier generations (verified answers, never labels)."""
+    """Selected examples of the last few earlier generations (verified samples, never labels)."""
     earlier = [g for g in run.finished_generations() if g.number < gen.number][-run.config.selection.replay_generations:]
     examples: list[Example] = []
     for g in earlier:
         result = run.stage_result(g.id, "select") or {}
-        if not result.get("corrupted"):  # the test switch's shuffled answers must never be replayed
-            examples += [Example(**e) for e in result.get("examples", [])]
+        if result and not result.get("corrupted"):  # the test switch's shuffled answers must never be replayed
+            examples += load_dataset(run, result["digest"])[0].examples
     return examples
 
 
-def corrupt(dataset, seed: int):
-    """TEST SWITCH: shuffle the answers among frontier examples, so the data no longer matches its prompts."""
-    from rsi.select import Dataset
-
+def corrupt(dataset: Dataset, seed: int) -> Dataset:
+    """TEST SWITCH: shuffle the answers among the examples, so the data no longer matches its prompts."""
     rng = random.Random(seed)
     answers = [e.completion for e in dataset.examples]
     rng.shuffle(answers)
@@ -209,41 +232,56 @@ def corrupt(dataset, seed: int):
 
 
 # --------------------------------------------------------------------------------------------------------
-# 5. train: a LoRA adapter warm-started from the champion's, metrics to MLflow
+# 5. train: a LoRA adapter warm-started from the champion's, on the stored selection; metrics to MLflow
 # --------------------------------------------------------------------------------------------------------
 @task(name="train", cache_policy=NO_CACHE)
 def train(run: LineageRun, gen: Generation, champ: Champion, selected: dict[str, Any], events: Events) -> dict[str, Any]:
     def body() -> dict[str, Any]:
-        from rsi.select import Dataset
-
-        dataset = Dataset(examples=tuple(Example(**e) for e in selected["examples"]))
+        dataset, corrupted = load_dataset(run, selected["digest"])
+        if corrupted:
+            dataset = corrupt(dataset, seed=gen.number)
         warm = champ.adapter_dir is not None and run.config.warm_start == "parent"
         parent = Path(champ.adapter_dir) if warm else None
         out_dir = run.adapters_dir() / f"gen-{gen.number:03d}-{selected['digest'][:12]}"
         losses: list[tuple[int, float, float]] = []
+
+        def on_step(step: int, loss: float, lr: float) -> None:
+            run.check_lease()  # a lost lease stops training at once, not after it
+            losses.append((step, loss, lr))
+
         start = time.perf_counter()
         result = train_adapter(run.base_dir, parent, dataset, run.config.train, out_dir,
-                               seed=run.config.seed * 1000 + gen.number,
-                               on_step=lambda step, loss, lr: losses.append((step, loss, lr)))
+                               seed=run.config.seed * 1000 + gen.number, on_step=on_step)
         seconds = time.perf_counter() - start
         run_id = log_training(run, gen, champ, selected, dataset, losses, seconds)
         return {**result.model_dump(), "seconds": seconds, "mlflow_run_id": run_id,
-                "warm_start": str(parent) if parent else None}
+                "examples_digest": examples_digest(dataset), "warm_start": str(parent) if parent else None}
 
     inputs = {"dataset": selected["digest"], "parent": champ.pair_id, "spec": run.config.train.model_dump(mode="json")}
     return run.run_stage(gen, "train", inputs, body, events)
 
 
+def examples_digest(dataset: Dataset) -> str:
+    """Digest of exactly the (prompt, completion) texts the trainer consumed, in order."""
+    return digest([[e.prompt, e.completion] for e in dataset.examples])
+
+
 def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
-    """One MLflow run per generation: the dataset as an input, train params and per-step metrics."""
+    """The generation's MLflow run, one per (lineage, generation, dataset digest): found again when a crashed
+    run trains again (a complete one is reused as is; one cut short is deleted and logged afresh)."""
     import mlflow
     import pandas as pd
     from mlflow.entities import Metric
 
+    tags = {"lineage": run.config.lineage, "generation": str(gen.number), "dataset_digest": selected["digest"]}
+    found = run.registry.find_run(tags)
+    if found is not None and "train_seconds" in found.data.metrics:
+        return found.info.run_id
+    if found is not None:
+        run.registry.client.delete_run(found.info.run_id)
     frame = pd.DataFrame([{"trajectory_id": e.trajectory_id, "level": e.level, "source": e.source,
                            "prompt": e.prompt, "completion": e.completion} for e in dataset.examples])
-    with run.registry.start_run(f"gen-{gen.number:03d}", {"lineage": run.config.lineage,
-                                                            "generation": str(gen.number)}) as mlrun:
+    with run.registry.start_run(f"gen-{gen.number:03d}", tags) as mlrun:
         with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
             warnings.simplefilter("ignore", UserWarning)
             data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
@@ -257,12 +295,12 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
         metrics += [Metric("learning_rate", lr, now, step) for step, _, lr in losses]
         for i in range(0, len(metrics), 900):
             run.registry.client.log_batch(mlrun.info.run_id, metrics=metrics[i:i + 900])
-        mlflow.log_metric("train_seconds", seconds)
+        mlflow.log_metric("train_seconds", seconds)  # last: its presence marks the run complete
         return mlrun.info.run_id
 
 
 # --------------------------------------------------------------------------------------------------------
-# 6. evaluate / gate: candidate vs parent on the same held-out tasks at every level reached
+# 6. evaluate / gate: candidate vs parent (and the lineage's best records) on the same held-out tasks
 # --------------------------------------------------------------------------------------------------------
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_gate(run: LineageRun, gen: Generation, champ: Champion, found: dict[str, Any],
@@ -274,22 +312,32 @@ def evaluate_gate(run: LineageRun, gen: Generation, champ: Champion, found: dict
         levels = list(range(1, min(max(reached) + 1, run.max_level) + 1))
         parent_scores = run.scores(champ.pair_id, champ.adapter_dir, levels, gen.id)
         cand_scores = run.scores(candidate.id, trained["adapter_dir"], levels, gen.id)
-        decision = decide(parent_scores, cand_scores, set(found["frontier_levels"]), run.config.gate)
-        return {"candidate_pair_id": candidate.id, "levels": levels, "decision": decision.model_dump(),
+        best = run.best_scores(levels)
+        mastered = {lvl for lvl, sc in best.items() if sc.accuracy >= run.config.curriculum.mastery}
+        decision = decide(parent_scores, cand_scores, targets=set(found["frontier_levels"]), best=best,
+                          mastered=mastered, spec=run.config.gate, attempt=attempt)
+        return {"candidate_pair_id": candidate.id, "levels": levels, "decision": decision.model_dump(mode="json"),
                 "candidate": {str(k): v.accuracy for k, v in cand_scores.items()},
                 "parent": {str(k): v.accuracy for k, v in parent_scores.items()}}
 
-    return run.run_stage(gen, "evaluate", {"adapter": trained["adapter_hash"], "parent": champ.pair_id}, body, events)
+    attempt = run.attempt(champ.pair_id, gen.number)
+    inputs = {"adapter": trained["adapter_hash"], "parent": champ.pair_id, "attempt": attempt,
+              "champions": run.champion_pairs()}
+    return run.run_stage(gen, "evaluate", inputs, body, events)
 
 
 # --------------------------------------------------------------------------------------------------------
-# 7. register: a model version with the adapter and the HCP document; aliases follow the gate
+# 7. register: a model version with the adapter and the HCP document; the generation's end commits with it
 # --------------------------------------------------------------------------------------------------------
 @task(name="register", cache_policy=NO_CACHE)
 def register(run: LineageRun, gen: Generation, champ: Champion, selected: dict[str, Any], trained: dict[str, Any],
              judged: dict[str, Any], events: Events) -> dict[str, Any]:
+    """MLflow writes first, each idempotent (the version is found again by its pair id); then one state-DB
+    transaction stores the result and finishes the generation; then the aliases follow the committed state.
+    A crash anywhere before the commit redoes the same writes; after it, ``sync_aliases`` repairs the aliases."""
+    promote = judged["decision"]["promote"]
+
     def body() -> dict[str, Any]:
-        promote = judged["decision"]["promote"]
         run_id = trained["mlflow_run_id"]
         client = run.registry.client
         client.log_artifacts(run_id, trained["adapter_dir"], "candidate/adapter")
@@ -302,38 +350,54 @@ def register(run: LineageRun, gen: Generation, champ: Champion, selected: dict[s
                 "dataset_digest": selected["digest"], "gate": "promoted" if promote else "rejected",
                 "adapter_hash": trained["adapter_hash"]}
         tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged["candidate"].items()}
-        version = run.registry.register(run_id, "candidate", tags, promote)
-        with run.store.session() as s:
-            row = s.get(Generation, gen.id)
-            row.parent_pair_id, row.candidate_pair_id = champ.pair_id, judged["candidate_pair_id"]
-            row.status, row.finished_at = ("promoted" if promote else "rejected"), utcnow()
-        log_improvement_plot(run, run_id)
+        version = run.registry.create_version(run_id, "candidate", tags)
+        log_improvement_plot(run, run_id, extra=(gen.number, "promoted" if promote else "rejected", judged))
         return {"version": version, "promoted": promote}
 
-    return run.run_stage(gen, "register", {"evaluate": judged["candidate_pair_id"], "gate": judged["decision"]},
-                         body, events)
+    def finish(s, result: dict[str, Any]) -> None:
+        row = s.get(Generation, gen.id)
+        row.parent_pair_id, row.candidate_pair_id = champ.pair_id, judged["candidate_pair_id"]
+        row.status, row.finished_at = ("promoted" if promote else "rejected"), utcnow()
+
+    result = run.run_stage(gen, "register", {"evaluate": judged["candidate_pair_id"], "gate": judged["decision"]},
+                           body, events, finish=finish)
+    sync_aliases(run)
+    return result
+
+
+def sync_aliases(run: LineageRun) -> None:
+    """Point ``challenger`` at the latest finished generation's version and ``champion`` at the latest promoted
+    one, as the state DB records them (idempotent; run after every register and when a lineage run starts)."""
+    latest = champion = None
+    for g in run.finished_generations():
+        version = run.stage_result(g.id, "register")["version"]
+        latest = version
+        champion = version if g.status == "promoted" else champion
+    run.registry.set_aliases(challenger=latest, champion=champion)
 
 
 def lineage_rows(run: LineageRun) -> list[dict[str, Any]]:
     """One row per finished generation: gate decision and candidate accuracy per level."""
     rows = []
     for g in run.finished_generations():
-        judged = run.stage_result(g.id, "evaluate") or {}
-        reg = run.stage_result(g.id, "register") or {}
-        rows.append({"generation": g.number, "gate": g.status, "version": reg.get("version"),
-                     "accuracy": {int(k): v for k, v in judged.get("candidate", {}).items()},
-                     "parent": {int(k): v for k, v in judged.get("parent", {}).items()}})
+        judged = run.stage_result(g.id, "evaluate")
+        reg = run.stage_result(g.id, "register")
+        rows.append({"generation": g.number, "gate": g.status, "version": reg["version"],
+                     "accuracy": {int(k): v for k, v in judged["candidate"].items()},
+                     "parent": {int(k): v for k, v in judged["parent"].items()}})
     return rows
 
 
-def log_improvement_plot(run: LineageRun, run_id: str) -> None:
+def log_improvement_plot(run: LineageRun, run_id: str, extra: tuple[int, str, dict[str, Any]]) -> None:
+    """The lineage's accuracy per level per generation, this (not yet committed) generation included."""
     from rsi.lineage import plot_improvement
 
-    rows = lineage_rows(run)
-    if rows:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = plot_improvement(rows, Path(tmp) / "improvement.png")
-            run.registry.client.log_artifact(run_id, str(path))
+    number, gate, judged = extra
+    rows = [r for r in lineage_rows(run) if r["generation"] != number]
+    rows.append({"generation": number, "gate": gate, "accuracy": {int(k): v for k, v in judged["candidate"].items()}})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = plot_improvement(rows, Path(tmp) / "improvement.png")
+        run.registry.client.log_artifact(run_id, str(path))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -363,6 +427,8 @@ def generation(run: LineageRun, number: int, events: Events = _quiet, *, direct:
         return result
 
     seconds: dict[str, float] = {}
+    run.check_lease()
+    fault_point(number, "start")
     gen = run.generation_row(number)
     champ = run.champion_before(number)
     events(f"generation {number}: champion {champ.version} ({champ.pair_id})")
@@ -425,14 +491,13 @@ def rsi_lineage(run: LineageRun, generations: int | None = None, events: Events 
     summaries: list[dict[str, Any]] = []
     done = run.finished_generations()
     start = (done[-1].number + 1) if done else 1
-    rejected_in_row = 0
     for number in range(start, start + (generations or config.generations)):
         summary = rsi_cycle(run, number, events)
         summaries.append(summary)
         if summary.get("stopped"):
             events(f"stopping: {summary['stopped']}")
             break
-        rejected_in_row = 0 if summary["gate"] == "promoted" else rejected_in_row + 1
+        rejected_in_row = rejections_in_a_row(run)
         if mastered_up_to(run) >= config.target_level:
             events(f"stopping: every level up to {config.target_level} mastered")
             break
@@ -440,6 +505,16 @@ def rsi_lineage(run: LineageRun, generations: int | None = None, events: Events 
             events(f"stopping: {rejected_in_row} candidates rejected in a row (plateau)")
             break
     return summaries
+
+
+def rejections_in_a_row(run: LineageRun) -> int:
+    """The plateau counter, from the stored generations (so it survives restarts)."""
+    count = 0
+    for g in reversed(run.finished_generations()):
+        if g.status == "promoted":
+            break
+        count += 1
+    return count
 
 
 def mastered_up_to(run: LineageRun) -> int:
@@ -450,20 +525,16 @@ def mastered_up_to(run: LineageRun) -> int:
 
 
 def run_lineage(config: CycleConfig, generations: int | None = None, events: Events = _quiet) -> list[dict[str, Any]]:
-    """Take the lineage's lease (a second run exits with a clear message), then run the lineage flow."""
+    """Take the lineage's lease (a second run exits with a clear message), keep it alive, run the lineage flow."""
     run = LineageRun(config, get_settings())
-    holder = acquire_lease(run.store, config.lineage)
+    run.acquire()
     stop = threading.Event()
-    beat = threading.Thread(target=_beat, args=(run, holder, stop), daemon=True)
+    beat = threading.Thread(target=keep_alive, args=(run, stop), daemon=True)
     beat.start()
     try:
+        sync_aliases(run)  # a crash between a generation's commit and its alias move is repaired here
         return rsi_lineage(run, generations, events)
     finally:
         stop.set()
-        release_lease(run.store, config.lineage, holder)
+        run.release()
         run.close()
-
-
-def _beat(run: LineageRun, holder: str, stop: threading.Event) -> None:
-    while not stop.wait(30):
-        heartbeat(run.store, run.config.lineage, holder)

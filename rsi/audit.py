@@ -1,23 +1,45 @@
 """The external auditor: judges a stored trajectory against the HCP contract its harness declares.
 
 It reads only the trajectory, the task (regenerated from its family to prove it is authentic), the
-harness document and the family's verifier; it never talks to the model or trusts the executor's
-own judgement. Each contract rule gives one ``RuleResult``; a verdict passes when all of them do.
+harness document and the family's verifier; it never talks to the model and trusts nothing the executor
+reported about itself: token counts are recounted with the base model's tokenizer, the finish reason is
+checked against what the recorded reply makes possible, and the trajectory's id must hash its content.
+Each contract rule gives one ``RuleResult``; a verdict passes when all of them do. A rule that cannot
+judge (a parser or template that raises, a missing tokenizer, anything) fails with the reason, so
+``audit`` never raises for a trajectory and task that validate as models.
+
+Token accounting (what executors must record, what the ``hf`` backend reports): ``tokens.prompt`` counts
+the prompt text -- the leading system and user messages' contents, concatenated -- as a prompt (with
+``<bos>``); ``tokens.completion`` counts every assistant message's text, plus one EOS for each turn before
+the last, plus the last turn's ending: one EOS, or the stop string that ended it (generated, then cut from
+the text by the backend), or nothing when cut by length.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
+from itertools import takewhile
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rsi.errors import UserError
-from rsi.hcp import Harness
-from rsi.models import Pair, RuleResult, Task, Trajectory, Verdict
+from rsi.hcp import Answer, Harness, HCPDocument
+from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed, get_parser
 from rsi.tasks import TaskFamily, get_family
+from rsi.tokens import TokenCounter, token_counter
+
+
+def _parse(text: str, answer: Answer) -> Parsed:
+    """Parse the reply; a parser that raises yields a failed parse with the reason, not an exception."""
+    try:
+        return get_parser(answer.parser)(text, **answer.params)
+    except Exception as exc:  # noqa: BLE001 - any parser failure is a judgement, not a crash
+        return Parsed(ok=False, error=f"parser {answer.parser!r} raised {type(exc).__name__}: {exc}")
 
 
 class Case:
@@ -25,8 +47,15 @@ class Case:
 
     def __init__(self, trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None):
         self.trajectory, self.task, self.harness, self.family, self.pair = trajectory, task, harness, family, pair
-        answer = harness.document.answer
-        self.parsed: Parsed = get_parser(answer.parser)(trajectory.completion, **answer.params)
+        self.parsed: Parsed = _parse(trajectory.completion, harness.document.answer)
+
+    @property
+    def doc(self) -> HCPDocument:
+        return self.harness.document
+
+    @cached_property
+    def counter(self) -> TokenCounter:
+        return token_counter(self.doc.model.base, self.harness.path.parent)
 
 
 Rule = Callable[[Case], RuleResult]
@@ -36,17 +65,28 @@ def _result(rule: str, problems: list[str]) -> RuleResult:
     return RuleResult(rule=rule, passed=not problems, detail="; ".join(problems))
 
 
+def prompt_roles(doc: HCPDocument) -> tuple[str, ...]:
+    """The roles of the prompt messages the harness renders: an optional system message, then the user's."""
+    return ("system", "user") if doc.prompt.system_template is not None else ("user",)
+
+
+def prompt_text(trajectory: Trajectory) -> str:
+    """What the model was given before it replied: the contents of the leading system and user messages,
+    concatenated (completion mode)."""
+    prompt = takewhile(lambda m: m.role in ("system", "user"), trajectory.messages)
+    return "".join(m.content for m in prompt)
+
+
 def ids_consistent(case: Case) -> RuleResult:
-    """The trajectory names the task, harness and pair it was judged against, and the task is authentic."""
+    """The trajectory's id hashes its content (an edited trajectory is a new one, never inheriting a verdict),
+    it names the task, harness and pair it was judged against, and the task is authentic."""
     t, problems = case.trajectory, []
+    if t.id != t.content_id:
+        problems.append(f"id {t.id} is not the hash of the trajectory's content ({t.content_id}): "
+                        "edited after recording")
     if t.task_id != case.task.id:
         problems.append(f"task_id {t.task_id} is not the task's id {case.task.id}")
-    if case.task.family != case.family.name:
-        problems.append(f"task family {case.task.family!r} is not {case.family.name!r}")
-    else:
-        regenerated = case.family.task(case.task.seed, case.task.level, case.task.index)
-        if regenerated != case.task:
-            problems.append("task differs from the one its family generates at its (seed, level, index)")
+    problems += _task_problems(case.task, case.family)
     if t.harness_id != case.harness.id:
         problems.append(f"harness_id {t.harness_id} is not {case.harness.id}")
     if case.pair is not None:
@@ -57,41 +97,178 @@ def ids_consistent(case: Case) -> RuleResult:
     return _result("ids_consistent", problems)
 
 
+def _task_problems(task: Task, family: TaskFamily) -> list[str]:
+    """Why ``task`` is not the one ``family`` generates at its (split, seed, level, index), if it is not."""
+    if task.family != family.name:
+        return [f"task family {task.family!r} is not {family.name!r}"]
+    if task.family_version != family.version:
+        return [f"task is from version {task.family_version} of {family.name!r}, which is now version {family.version}"]
+    try:
+        regenerated = family.task(task.split, task.seed, task.level, task.index)
+    except UserError as exc:
+        return [f"the family cannot regenerate this task: {exc}"]
+    if regenerated != task:
+        return ["task differs from the one its family generates at its (split, seed, level, index)"]
+    return []
+
+
 def prompt_rendered(case: Case) -> RuleResult:
     """The prompt the model saw is exactly what the harness renders for this task."""
-    doc, messages = case.harness.document, case.trajectory.messages
-    expected = []
     try:
-        if doc.prompt.system_template:
-            expected.append(("system", case.harness.render("system_template", case.task.payload)))
-        expected.append(("user", case.harness.prompt(case.task.payload)))
+        expected = [(m.role, m.content) for m in case.harness.prompt_messages(case.task.payload)]
     except UserError as exc:
         return _result("prompt_rendered", [f"the harness cannot render this task: {exc}"])
-    got = [(m.role, m.content) for m in messages[: len(expected)]]
+    got = [(m.role, m.content) for m in case.trajectory.messages[: len(expected)]]
     problems = [] if got == expected else [f"prompt {got!r} is not the rendered {expected!r}"]
     return _result("prompt_rendered", problems)
 
 
+def messages_allowed(case: Case) -> RuleResult:
+    """The message sequence is what the harness allows: its prompt messages, then assistant turns. With no
+    tools declared that is exactly one assistant reply; with tools, each call of a turn is answered by one
+    ``tool`` message (matching ``tool_call_id``) before the next turn, and the last turn makes no calls.
+    Nothing else: no user or system message after the prompt, no unanswered or duplicate call ids, at most
+    ``limits.max_steps`` assistant turns."""
+    roles = prompt_roles(case.doc)
+    messages = case.trajectory.messages
+    head = tuple(m.role for m in messages[: len(roles)])
+    problems = [] if head == roles else [f"the prompt must be {list(roles)} messages, got {list(head)}"]
+    problems += [f"message {i}: prompt messages carry no tool calls or results"
+                 for i, m in enumerate(messages[: len(roles)]) if m.tool_calls or m.tool_call_id is not None]
+    problems += _turn_problems(messages, len(roles), bool(case.doc.tools))
+    steps = sum(m.role == "assistant" for m in messages)
+    if steps > case.doc.limits.max_steps:
+        problems.append(f"{steps} assistant turns > max_steps {case.doc.limits.max_steps}")
+    return _result("messages_allowed", problems)
+
+
+def _turn_problems(messages: tuple[Message, ...], start: int, tools: bool) -> list[str]:
+    """Problems in the turns after the prompt (``messages[start:]``): a small state machine over open calls."""
+    problems: list[str] = []
+    open_calls: set[str] = set()  # calls of the latest assistant turn not yet answered
+    seen: set[str] = set()
+    for i, m in enumerate(messages[start:], start=start):
+        if m.role == "assistant":
+            problems += _assistant_problems(i, m, open_calls, seen, tools)
+            open_calls = {c.id for c in m.tool_calls}
+            seen |= open_calls
+        elif m.role == "tool":
+            if m.tool_call_id not in open_calls:
+                problems.append(f"message {i}: tool message answers no open call of the preceding assistant turn "
+                                f"(tool_call_id {m.tool_call_id!r})")
+            open_calls.discard(m.tool_call_id or "")
+            if m.tool_calls:
+                problems.append(f"message {i}: a tool message cannot make tool calls")
+        else:
+            problems.append(f"message {i}: a {m.role} message after the prompt "
+                            "(only assistant and tool turns follow it)")
+    if open_calls:
+        problems.append(f"tool calls {sorted(open_calls)} were never answered")
+    last = messages[-1] if len(messages) > start else None
+    if last is None or last.role != "assistant" or last.tool_calls:
+        problems.append("the trajectory must end with an assistant reply that makes no tool calls")
+    return problems
+
+
+def _assistant_problems(i: int, m: Message, open_calls: set[str], seen: set[str], tools: bool) -> list[str]:
+    """Problems of one assistant turn given the calls still open before it and the call ids used so far."""
+    problems = []
+    if open_calls:
+        problems.append(f"message {i}: assistant turn before calls {sorted(open_calls)} were answered")
+    if m.tool_call_id is not None:
+        problems.append(f"message {i}: an assistant message cannot answer a tool call")
+    if m.tool_calls and not tools:
+        problems.append(f"message {i}: tool calls, but the harness declares no tools")
+    ids = [c.id for c in m.tool_calls]
+    duplicates = sorted({c for c in ids if ids.count(c) > 1 or c in seen})
+    if duplicates:
+        problems.append(f"message {i}: duplicate tool call ids {duplicates}")
+    return problems
+
+
+def _endings(case: Case, reply: str) -> dict[str, int]:
+    """Tokens the last turn's ending adds, by how it could have ended: EOS or a declared stop string for a
+    ``stop`` (the backend cuts the stop string from the text, but generated it), nothing otherwise."""
+    if case.trajectory.finish_reason != "stop":
+        return {case.trajectory.finish_reason: 0}
+    base = case.counter.text(reply)
+    endings = {"EOS": 1}
+    for stop in case.doc.decoding.stop:
+        endings[f"stop string {stop!r}"] = case.counter.text(reply + stop) - base
+    return endings
+
+
+def completion_counts(case: Case) -> dict[str, int]:
+    """The completion token counts the recorded text allows, by how the last turn ended."""
+    replies = [m.content for m in case.trajectory.messages if m.role == "assistant"]
+    if not replies:
+        return {"no reply": 0}
+    earlier = sum(case.counter.text(text) + 1 for text in replies[:-1])  # each earlier turn ended on EOS
+    last = earlier + case.counter.text(replies[-1])
+    return {how: last + extra for how, extra in _endings(case, replies[-1]).items()}
+
+
+def _counted(counts: dict[str, int]) -> str:
+    if len(set(counts.values())) == 1:
+        return str(next(iter(counts.values())))
+    return " or ".join(f"{n} (ended by {how})" for how, n in counts.items())
+
+
 def limits(case: Case) -> RuleResult:
-    """Steps and token counts within the harness's limits; the generation did not fail."""
-    lim, t, problems = case.harness.document.limits, case.trajectory, []
-    steps = sum(1 for m in t.messages if m.role == "assistant")
+    """Steps and token counts within the harness's limits, the counts being the auditor's own (a recorded
+    count that disagrees with the recount fails); the generation did not fail."""
+    lim, t, problems = case.doc.limits, case.trajectory, []
+    steps = sum(m.role == "assistant" for m in t.messages)
     if steps > lim.max_steps:
         problems.append(f"{steps} assistant steps > max_steps {lim.max_steps}")
     if steps == 0:
         problems.append("no assistant message")
-    if t.tokens.prompt > lim.max_prompt_tokens:
-        problems.append(f"{t.tokens.prompt} prompt tokens > {lim.max_prompt_tokens}")
-    if t.tokens.completion > lim.max_completion_tokens:
-        problems.append(f"{t.tokens.completion} completion tokens > {lim.max_completion_tokens}")
+    prompt = case.counter.prompt(prompt_text(t))
+    if t.tokens.prompt != prompt:
+        problems.append(f"recorded {t.tokens.prompt} prompt tokens, counted {prompt}")
+    if prompt > lim.max_prompt_tokens:
+        problems.append(f"{prompt} prompt tokens > max_prompt_tokens {lim.max_prompt_tokens}")
+    counts = completion_counts(case)
+    if t.tokens.completion not in counts.values():
+        problems.append(f"recorded {t.tokens.completion} completion tokens, counted {_counted(counts)}")
+    completion = t.tokens.completion if t.tokens.completion in counts.values() else min(counts.values())
+    if completion > lim.max_completion_tokens:
+        problems.append(f"{completion} completion tokens > max_completion_tokens {lim.max_completion_tokens}")
     if t.finish_reason == "error":
         problems.append("generation ended in an error")
     return _result("limits", problems)
 
 
+def stopped(case: Case) -> RuleResult:
+    """The reply ended with a stop (EOS or a declared stop string), not cut by length, when
+    ``answer.require_stop``; and a claimed stop is possible.
+
+    What a stored trajectory lets the auditor verify: the recorded ``finish_reason``; that a ``stop`` fits
+    -- the reply's counted tokens plus its ending (one EOS, or a declared stop string, which the backend
+    generated and cut from the text) fit in ``decoding.max_new_tokens``, so a reply that filled the budget
+    cannot claim a stop; and that the reply holds no declared stop string (decoding ends at the first one).
+    What it cannot: whether the model really emitted EOS -- an executor that truncated a reply and claimed
+    ``stop`` where the ending still fits is indistinguishable from the model stopping there; which stop
+    string ended it; special tokens the model generated that decoding dropped from the text. Those need a
+    replay of the model, which the auditor never runs."""
+    t, decoding = case.trajectory, case.doc.decoding
+    reply, problems = t.completion, []
+    if case.doc.answer.require_stop and t.finish_reason != "stop":
+        problems.append(f"finish_reason {t.finish_reason!r}: the reply did not end with EOS or a stop string")
+    inside = [s for s in decoding.stop if s in reply]
+    if inside:
+        problems.append(f"the reply contains the stop string {inside[0]!r}, where decoding would have ended")
+    if t.finish_reason == "stop":
+        counts = {how: case.counter.text(reply) + extra for how, extra in _endings(case, reply).items()}
+        if min(counts.values()) > decoding.max_new_tokens:
+            problems.append(f"finish_reason 'stop' is impossible: the reply and its ending take {_counted(counts)} "
+                            f"tokens > max_new_tokens {decoding.max_new_tokens}")
+    return _result("stopped", problems)
+
+
 def tools_allowed(case: Case) -> RuleResult:
     """Every tool call names an allowed tool and its arguments match that tool's JSON schema."""
-    allowed = {tool.name: tool for tool in case.harness.document.tools}
+    allowed = {tool.name: tool for tool in case.doc.tools}
     problems = []
     for message in case.trajectory.messages:
         for call in message.tool_calls:
@@ -128,7 +305,9 @@ def answer_correct(case: Case) -> RuleResult:
 RULES: dict[str, Rule] = {
     "ids_consistent": ids_consistent,
     "prompt_rendered": prompt_rendered,
+    "messages_allowed": messages_allowed,
     "limits": limits,
+    "stopped": stopped,
     "tools_allowed": tools_allowed,
     "answer_format": answer_format,
     "no_extra_content": no_extra_content,
@@ -136,25 +315,23 @@ RULES: dict[str, Rule] = {
 }
 
 
+def judge(name: str, case: Case) -> RuleResult:
+    """Apply one rule; a rule that raises could not judge, and that fails the rule with the reason."""
+    try:
+        return RULES[name](case)
+    except Exception as exc:  # noqa: BLE001 - a crash in a rule is a failed verdict, never a failed audit
+        return RuleResult(rule=name, passed=False, detail=f"cannot judge: {type(exc).__name__}: {exc}")
+
+
 def audit(
     trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None = None
 ) -> Verdict:
     """Judge one trajectory under the contract of ``harness``: one result per rule the contract lists."""
     case = Case(trajectory, task, harness, family, pair)
-    rules = tuple(RULES[name](case) for name in harness.document.contract.rules)
+    rules = tuple(judge(name, case) for name in harness.document.contract.rules)
     return Verdict(
         trajectory_id=trajectory.id, contract_version=harness.contract_version, harness_hash=harness.hash, rules=rules
     )
-
-
-class AuditedLine(BaseModel):
-    """One line of a JSONL audit: its verdict, or why the line could not be audited."""
-
-    model_config = ConfigDict(frozen=True)
-
-    line: int
-    verdict: Verdict | None = None
-    error: str = ""
 
 
 class AuditRecord(BaseModel):
@@ -167,15 +344,39 @@ class AuditRecord(BaseModel):
     pair: Pair | None = None
 
 
-def audit_jsonl(path: Path, harness: Harness) -> tuple[list[AuditedLine], list[AuditRecord]]:
+class AuditedLine(BaseModel):
+    """One line of a JSONL audit: its record and verdict, or why the line could not be audited."""
+
+    model_config = ConfigDict(frozen=True)
+
+    line: int
+    record: AuditRecord | None = None
+    verdict: Verdict | None = None
+    error: str = ""
+
+    @property
+    def storable(self) -> bool:
+        """Whether the record may be stored: its trajectory's id is its content hash. An edited trajectory
+        carrying an old id must not take (or shadow) the stored trajectory of that id."""
+        return self.record is not None and self.record.trajectory.id == self.record.trajectory.content_id
+
+    def summary(self) -> dict[str, Any]:
+        """The line's outcome as plain data (``rsi audit --json``)."""
+        v = self.verdict
+        return {"line": self.line, "trajectory_id": v.trajectory_id if v else None, "passed": v.passed if v else None,
+                "failed_rules": v.failed_rules() if v else [], "error": self.error}
+
+
+def audit_jsonl(path: Path, harness: Harness) -> list[AuditedLine]:
     """Audit every line of ``path``; a malformed line is reported with its number and skipped."""
     family = get_family(harness.document.family)
-    results, records = [], []
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read trajectories ({exc}); pass a UTF-8 JSONL file") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    results = []
+    # Lines end at "\n" only: str.splitlines would also split inside JSON strings holding U+2028 and the like.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -186,6 +387,5 @@ def audit_jsonl(path: Path, harness: Harness) -> tuple[list[AuditedLine], list[A
             results.append(AuditedLine(line=number, error=f"{where}: {first['msg']} ({exc.error_count()} error(s))"))
             continue
         verdict = audit(record.trajectory, record.task, harness, family, record.pair)
-        results.append(AuditedLine(line=number, verdict=verdict))
-        records.append(record)
-    return results, records
+        results.append(AuditedLine(line=number, record=record, verdict=verdict))
+    return results

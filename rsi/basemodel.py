@@ -1,5 +1,8 @@
 """Built-in base model: a tiny Llama-architecture causal LM trained from scratch on reverse addition.
 
+Pretraining draws only operand pairs of the ``addition`` family's ``train`` split (``rsi.tasks``), so no
+held-out or test task is ever seen by the base; ``pretraining_pairs`` replays that stream for checks.
+
 Task format (fixed width ``W``): ``prompt = A + "+" + B + "="`` with both operands written least-significant
 digit first and zero-padded to ``W`` digits; ``completion`` = the sum, least-significant digit first, padded to
 ``W + 1`` digits, then EOS. Level ``n`` = both operands have ``n`` random digits (leading digit nonzero for
@@ -29,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-FORMAT_VERSION = "rsi-base-addrev-v1"
+FORMAT_VERSION = "rsi-base-addrev-v2"  # v2: pretraining draws only train-split operand pairs
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 PRINTABLE: tuple[str, ...] = tuple(chr(c) for c in range(32, 127))
@@ -131,18 +134,39 @@ def format_example(a: int, b: int, width: int) -> tuple[str, str]:
     return f"{rev(a, width)}+{rev(b, width)}=", rev(a + b, width + 1)
 
 
-def sample_operands(rng: np.random.Generator, level: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two (n, width) digit arrays, least-significant digit first, for ``level``-digit operands."""
+def _draw_digits(rng: np.random.Generator, level: int, n: int, width: int) -> np.ndarray:
     import numpy as np
 
-    out = []
-    for _ in range(2):
-        d = np.zeros((n, width), dtype=np.int64)
-        d[:, :level] = rng.integers(0, 10, size=(n, level))
-        if level > 1:
-            d[:, level - 1] = rng.integers(1, 10, size=n)
-        out.append(d)
-    return out[0], out[1]
+    d = np.zeros((n, width), dtype=np.int64)
+    d[:, :level] = rng.integers(0, 10, size=(n, level))
+    if level > 1:
+        d[:, level - 1] = rng.integers(1, 10, size=n)
+    return d
+
+
+def digits_to_int(d: np.ndarray) -> list[int]:
+    """Rows of least-significant-first digits -> Python ints."""
+    return [int("".join(map(str, row[::-1])) or "0") for row in d.tolist()]
+
+
+def sample_operands(rng: np.random.Generator, level: int, n: int, width: int,
+                    split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """Two (n, width) digit arrays, least-significant digit first, for ``level``-digit operands whose pair
+    lies in ``split`` of the addition family (draws of other splits are rejected and drawn again)."""
+    import numpy as np
+
+    from rsi.tasks import get_family
+
+    family = get_family("addition")
+    kept_a, kept_b, need = [], [], n
+    while need:
+        a, b = _draw_digits(rng, level, need, width), _draw_digits(rng, level, need, width)
+        keep = np.array([family.split_of({"a": x, "b": y}) == split
+                         for x, y in zip(digits_to_int(a), digits_to_int(b))], dtype=bool)
+        kept_a.append(a[keep])
+        kept_b.append(b[keep])
+        need -= int(keep.sum())
+    return np.concatenate(kept_a), np.concatenate(kept_b)
 
 
 def _add_digits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -168,6 +192,24 @@ def _encode_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         np.full((n, 1), EQ_ID), _add_digits(a, b) + DIGIT0_ID, np.full((n, 1), EOS_ID),
     ]
     return np.concatenate(cols, axis=1).astype(np.int64)
+
+
+def _pretraining_batches(r: BaseRecipe):
+    """The base's training stream: per step, (a, b) digit arrays of train-split pairs, levels by weight."""
+    import numpy as np
+
+    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
+    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
+    for _ in range(r.steps):
+        counts = rng.multinomial(r.batch_size, probs)
+        parts = [sample_operands(rng, lv, int(c), r.width) for lv, c in zip(r.train_levels, counts) if c]
+        yield np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
+
+
+def pretraining_pairs(r: BaseRecipe):
+    """Every (a, b) the base trains on, in order (replays the stream; no model is built)."""
+    for a, b in _pretraining_batches(r):
+        yield from zip(digits_to_int(a), digits_to_int(b))
 
 
 def _eval_rng(seed: int, level: int):
@@ -243,16 +285,12 @@ def _train_base(
         [{"params": decay, "weight_decay": r.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=r.lr, betas=(r.beta1, r.beta2), eps=1e-8,
     )
-    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
-    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
     w = r.width
     p0 = 1 + 2 * w + 2  # index of first completion token
     t0 = time.perf_counter()
     loss_val = float("nan")
-    for step in range(r.steps):
-        counts = rng.multinomial(r.batch_size, probs)
-        parts = [_encode_batch(*sample_operands(rng, lv, int(c), w)) for lv, c in zip(r.train_levels, counts) if c]
-        ids = torch.from_numpy(np.concatenate(parts))
+    for step, (a, b) in enumerate(_pretraining_batches(r)):
+        ids = torch.from_numpy(_encode_batch(a, b))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, r)
         hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
@@ -429,7 +467,9 @@ def _evaluate(model: PreTrainedModel, width: int, levels: Iterable[int], n: int,
     p0 = 1 + 2 * width + 2
     res: dict[int, float] = {}
     for lv in levels:
-        ids = torch.from_numpy(_encode_batch(*sample_operands(_eval_rng(seed, lv), lv, n, width)))
+        a, b = sample_operands(_eval_rng(seed, lv), lv, n, width, split="heldout")
+        ids = torch.from_numpy(np.unique(_encode_batch(a, b), axis=0))  # distinct held-out tasks
+        m = ids.shape[0]
         prompts, target = ids[:, :p0], ids[:, p0:]
         prompts = prompts.repeat_interleave(k, dim=0)
         target = target.repeat_interleave(k, dim=0)
@@ -437,7 +477,7 @@ def _evaluate(model: PreTrainedModel, width: int, levels: Iterable[int], n: int,
         for s in range(0, prompts.shape[0], batch):
             outp = _generate(model, prompts[s : s + batch], target.shape[1], temperature, gen)
             ok.append((outp == target[s : s + batch]).all(dim=1))
-        hit = torch.cat(ok).view(n, k).any(dim=1)
+        hit = torch.cat(ok).view(m, k).any(dim=1)
         res[lv] = float(hit.float().mean())
     return res
 

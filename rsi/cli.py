@@ -112,6 +112,8 @@ def harness_validate(path: Path = typer.Argument(..., help="a hcp.toml or the di
 
     harness = load_harness(path)
     doc = harness.document
+    for warning in harness.warnings:
+        err.print(f"warning: {warning}", highlight=False, markup=False)
     out.print(
         f"[green]valid[/green] {harness.path}: {harness.id} (hcp {doc.hcp_version}, contract {doc.contract.version}), "
         f"family {doc.family}, parser {doc.answer.parser}, {len(harness.sources)} template(s), "
@@ -133,14 +135,23 @@ def tasks_list() -> None:
 def tasks_sample(
     family: str = typer.Argument(..., help="task family name"),
     level: int = typer.Option(..., "--level", min=1, help="difficulty level"),
-    n: int = typer.Option(5, "-n", min=1, help="how many tasks"),
+    n: int = typer.Option(5, "-n", min=1, help="how many distinct tasks (fewer if the split holds fewer)"),
     seed: int = typer.Option(0, "--seed", help="seed of the task stream"),
+    split: str = typer.Option("train", "--split", help="train, heldout (decisions) or test (reports only)"),
 ) -> None:
-    """Print tasks as JSON lines; the same (seed, level, index) always gives the same task."""
+    """Print distinct tasks of one split as JSON lines; the same (split, seed, level, index) gives the same
+    task. The distinct count goes to stderr."""
+    from rsi.errors import UserError
+    from rsi.models import SPLITS
     from rsi.tasks import get_family
 
-    for task in get_family(family).tasks(seed, level, n):
+    if split not in SPLITS:
+        raise UserError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
+    tasks = get_family(family).tasks(split, seed, level, n)  # type: ignore[arg-type]
+    for task in tasks:
         print(json.dumps({"id": task.id, **task.model_dump(mode="json")}))
+    err.print(f"{len(tasks)} distinct {split} task(s) at level {level}" + ("" if len(tasks) == n else
+              f" (the {split} split holds no more at this level)"), highlight=False)
 
 
 @app.command("audit")
@@ -148,40 +159,54 @@ def audit_cmd(
     file: Path = typer.Option(..., "--file", help="JSONL: one {trajectory, task, pair?} object per line"),
     harness_path: Path = typer.Option(..., "--harness", help="the harness version the trajectories claim"),
     store: bool = typer.Option(True, "--store/--no-store", help="persist tasks, trajectories and verdicts"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per line on stdout; summary on stderr"),
 ) -> None:
-    """Audit trajectories produced anywhere against a harness's contract and print a summary."""
+    """Audit trajectories produced anywhere against a harness's contract and print a summary.
+
+    Every line gets a verdict or is reported malformed (exit 2 when any is); failed verdicts are results,
+    not errors (exit 0). Only records whose trajectory id is its content hash are stored."""
     from collections import Counter
 
     from rsi.audit import audit_jsonl
     from rsi.hcp import load_harness
 
     harness = load_harness(harness_path)
-    results, records = audit_jsonl(file, harness)
+    results = audit_jsonl(file, harness)
     verdicts = [r.verdict for r in results if r.verdict is not None]
     bad_lines = [r for r in results if r.error]
-    table = Table("line", "trajectory", "verdict", "failed rules", title=f"audit of {file} under {harness.id}")
-    for r in results:
-        if r.verdict is None:
-            table.add_row(str(r.line), "-", "[yellow]malformed[/yellow]", r.error)
-        else:
-            ok = "[green]pass[/green]" if r.verdict.passed else "[red]fail[/red]"
-            table.add_row(str(r.line), r.verdict.trajectory_id, ok, ", ".join(r.verdict.failed_rules()))
-    out.print(table)
+    report = err if as_json else out
+    if as_json:
+        for r in results:
+            print(json.dumps(r.summary()))
+    else:
+        table = Table("line", "trajectory", "verdict", "failed rules", title=f"audit of {file} under {harness.id}")
+        for r in results:  # file content goes in as Text: an id like "[/b]" is data, not console markup
+            if r.verdict is None:
+                table.add_row(str(r.line), "-", "[yellow]malformed[/yellow]", Text(r.error))
+            else:
+                ok = "[green]pass[/green]" if r.verdict.passed else "[red]fail[/red]"
+                table.add_row(str(r.line), Text(r.verdict.trajectory_id), ok, ", ".join(r.verdict.failed_rules()))
+        out.print(table)
     failures = Counter(rule for v in verdicts for rule in v.failed_rules())
     passed = sum(v.passed for v in verdicts)
-    out.print(
+    report.print(
         f"{len(verdicts)} audited: {passed} passed, {len(verdicts) - passed} failed; {len(bad_lines)} malformed line(s)"
         + (f"; failures by rule: {dict(failures)}" if failures else "")
     )
-    if store and verdicts:
+    storable = [r for r in results if r.storable]
+    if store and storable:
         from rsi.store import open_store
+        from rsi.store.harnesses import lock_harness
         from rsi.store.records import put_tasks, put_trajectories, put_verdicts
 
         with open_store().session() as session:
-            put_tasks(session, [r.task for r in records])
-            put_trajectories(session, [r.trajectory for r in records])
-            stored = put_verdicts(session, verdicts)
-        out.print(f"stored {stored} new verdict(s) under contract {harness.contract_version}")
+            lock_harness(session, harness)  # verdicts name this harness's hash: an edited used version is refused
+            put_tasks(session, [r.record.task for r in storable])
+            put_trajectories(session, [r.record.trajectory for r in storable])
+            stored = put_verdicts(session, [r.verdict for r in storable])
+        skipped = len(verdicts) - len(storable)
+        report.print(f"stored {stored} new verdict(s) under contract {harness.contract_version}"
+                  + (f"; {skipped} trajectory(ies) whose id is not their content hash not stored" if skipped else ""))
     if bad_lines:
         raise typer.Exit(2)
 
@@ -220,9 +245,11 @@ def eval_cmd(
     levels: str = typer.Option("1-12", "--levels", help="levels, e.g. 1-12 or 1,3,5"),
     n: int = typer.Option(200, "--n", min=1, help="held-out tasks per level"),
     k: int = typer.Option(1, "--k", min=1, help="1: greedy accuracy; >1: pass@k at the harness temperature"),
+    split: str = typer.Option("test", "--split", help="test (reporting, default) or heldout (what decisions use)"),
+    lineage: str | None = typer.Option(None, "--lineage", help="evaluate this lineage's champion (its adapter)"),
     profile: str = PROFILE,
 ) -> None:
-    """Exact-match accuracy per level on held-out tasks, with Wilson 95 % intervals."""
+    """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
@@ -236,6 +263,12 @@ def eval_cmd(
 
     config = load_config(profile)
     wanted = parse_levels(levels)
+    if split not in ("test", "heldout"):
+        raise UserError(f"--split {split!r}: expected test or heldout (train tasks are what models learn from)")
+    if lineage is not None:
+        if adapter is not None:
+            raise UserError("pass --adapter or --lineage, not both")
+        adapter = champion_adapter(lineage)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
     harness = load_harness(REPO / config.harness)
@@ -246,14 +279,33 @@ def eval_cmd(
     posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
     backend = get_backend("hf", model_dir=base)
     scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
-                      adapter=str(adapter) if adapter else None, k=k)
+                      adapter=str(adapter) if adapter else None, k=k, split=split)  # type: ignore[arg-type]
     what = "greedy" if k == 1 else f"pass@{k}"
-    table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} (held-out)")
+    table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} ({split} split)")
     for sc in scores:
         table.add_row(str(sc.level), f"{sc.accuracy:.3f}", f"[{sc.ci_low:.3f}, {sc.ci_high:.3f}]", f"{sc.correct}/{sc.n}")
     for level in sorted(set(wanted) - set(posable)):
         table.add_row(str(level), "-", "-", f"not posable: {harness.id}'s format is too narrow")
     out.print(table)
+
+
+def champion_adapter(lineage: str) -> Path:
+    """The adapter directory of a lineage's current champion, from the state DB."""
+    from sqlalchemy import select
+
+    from rsi.errors import UserError
+    from rsi.store import open_store
+    from rsi.store.schema import Generation, PairRow
+
+    store = open_store()
+    with store.session() as s:
+        gen = s.scalars(select(Generation).where(Generation.lineage == lineage, Generation.status == "promoted")
+                        .order_by(Generation.number.desc())).first()
+        pair = s.get(PairRow, gen.candidate_pair_id) if gen else None
+    store.dispose()
+    if pair is None or not pair.adapter_uri:
+        raise UserError(f"lineage {lineage!r} has no promoted champion in the state DB; run `rsi run` first")
+    return Path(pair.adapter_uri)
 
 
 @app.command("run")
@@ -271,10 +323,10 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import load_config
+    from rsi.cycle import latest_harness, load_config
 
     config = load_config(profile, lineage=lineage or family, family=family, seed=seed,
-                         harness=f"harness_versions/{family}/v1", backend=backend,
+                         harness=latest_harness(family), backend=backend,
                          corrupt_training_data=corrupt_training_data or None)
     from flows.cycle import run_lineage
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
@@ -18,10 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
 
 from rsi.config import Settings
 from rsi.curriculum import CurriculumSpec
-from rsi.errors import UserError
+from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, expressible
 from rsi.gate import GateSpec
 from rsi.hashing import digest
@@ -44,12 +48,11 @@ class CycleConfig(BaseModel):
 
     lineage: str = Field("addition", pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
     family: str = "addition"
-    harness: str = "harness_versions/addition/v1"
+    harness: str = "harness_versions/addition/v2"
     seed: int = 0
     backend: Literal["hf", "openai"] = "hf"
     warm_start: Literal["parent", "base"] = "parent"
     base_recipe: dict[str, Any] = Field(default_factory=dict, description="overrides of BaseRecipe's defaults")
-    samples: int = Field(8, ge=1, description="k completions per task at the harness's temperature")
     replay_tasks_per_level: int = Field(64, ge=0, description="tasks per mastered level, verified, against forgetting")
     eval_n: int = Field(256, ge=1, description="held-out tasks per level")
     eval_headroom: int = Field(2, ge=1, description="levels evaluated beyond the highest one reached")
@@ -71,13 +74,24 @@ PROFILES: dict[str, dict[str, Any]] = {
     "demo": {},
     # a whole cycle in a minute or two of CPU: for tests and smoke runs, not for measuring improvement
     "tiny": {
-        "base_recipe": {"steps": 150, "d_model": 64, "n_heads": 2, "intermediate_size": 128, "warmup": 10},
-        "samples": 2, "replay_tasks_per_level": 4, "eval_n": 16, "eval_headroom": 1,
+        # partly able at levels 1-2 (greedy ~0.2-0.3), so a tiny generation has verified samples to learn from
+        "base_recipe": {"steps": 300, "warmup": 20, "lr": 2e-3, "train_levels": [1, 2], "level_weights": [1.0, 2.0]},
+        "replay_tasks_per_level": 4, "eval_n": 16, "eval_headroom": 1,
         "curriculum": {"rule": "plus_one", "tasks_per_level": 16, "lookahead_tasks": 4, "max_level": 6},
         "train": {"steps": 4, "batch_size": 8, "warmup": 1},
         "generations": 2, "target_level": 6,
     },
 }
+
+
+def latest_harness(family: str) -> str:
+    """The newest shipped harness version of ``family`` (``harness_versions/<family>/v<N>``, highest N)."""
+    versions = [p.parent for p in (REPO / "harness_versions" / family).glob("v*/hcp.toml")]
+    numbered = [(int(v.name[1:]), v) for v in versions if v.name[1:].isdigit()]
+    if not numbered:
+        raise UserError(f"no harness for family {family!r} under {REPO / 'harness_versions' / family}; "
+                        "add harness_versions/<family>/v1/hcp.toml")
+    return str(max(numbered)[1].relative_to(REPO))
 
 
 def load_config(profile: str = "demo", **overrides: Any) -> CycleConfig:
@@ -110,7 +124,52 @@ class LineageRun:
         if self.harness.document.family != self.family.name:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "
                             f"not {self.family.name!r}")
+        self._refuse_unsupported()
+        self.holder: str | None = None  # set by acquire(): this run's lease holder id and fencing token
+        self.token: int | None = None
+        self.lease_problem: str | None = None  # set by the heartbeat when the lease is lost
         self._ensure_lineage_row()
+
+    def _refuse_unsupported(self) -> None:
+        """Harness fields the cycle cannot honour yet are refused, never silently ignored."""
+        model, where = self.harness.document.model, self.harness.path
+        if model.base != "builtin":
+            raise UserError(f"{where}: field 'model.base': rsi run climbs from its built-in base only (got "
+                            f"{model.base!r}); use base = \"builtin\" (an external base works with rsi eval/audit)")
+        doc = self.harness.document
+        if doc.tools or doc.limits.max_steps > 1:
+            raise UserError(f"{where}: fields 'tools' / 'limits.max_steps': rsi run executes single-turn episodes "
+                            "without tools in this version; declare no tools and max_steps = 1")
+        if model.adapter != "lineage":
+            raise UserError(f"{where}: field 'model.adapter': rsi run trains the lineage's adapters, so it needs "
+                            f"adapter = \"lineage\" (got {model.adapter!r})")
+
+    # -- the lease: one run per lineage, every write fenced ----------------------------------------------
+    def acquire(self, ttl_s: int = 120) -> None:
+        self.holder, self.token = acquire_lease(self.store, self.config.lineage, ttl_s)
+
+    def release(self) -> None:
+        if self.holder is not None:
+            release_lease(self.store, self.config.lineage, self.holder, self.token)
+            self.holder = self.token = None
+
+    def check_lease(self) -> None:
+        """Stop (exit 1) once the heartbeat has reported the lease lost."""
+        if self.lease_problem:
+            raise RuntimeFailure(self.lease_problem)
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A state-DB transaction that commits only while this run still holds the lineage's lease (the
+        fencing token is checked inside the same transaction, row-locked on PostgreSQL)."""
+        self.check_lease()
+        with self.store.session() as s:
+            lease = s.get(Lease, self.config.lineage, with_for_update=True)
+            if self.token is None or lease is None or lease.holder != self.holder or lease.token != self.token:
+                now = f"{lease.holder or 'nobody'} (token {lease.token})" if lease else "nobody"
+                raise RuntimeFailure(f"lineage {self.config.lineage!r}: this run ({self.holder}, token {self.token}) "
+                                     f"no longer holds the lease, {now} does; stopping without writing")
+            yield s
 
     # -- the base model and the objects built from it -------------------------------------------------
     @cached_property
@@ -170,7 +229,7 @@ class LineageRun:
                     harness_hash=self.harness.hash)
 
     def save_pair(self, pair: Pair, adapter_dir: str | None, parent: str | None) -> None:
-        with self.store.session() as s:
+        with self.write() as s:
             if s.get(PairRow, pair.id) is None:
                 s.add(PairRow(id=pair.id, lineage=self.config.lineage, base_model_hash=pair.base_model_hash,
                               adapter_hash=pair.adapter_hash, adapter_uri=adapter_dir, harness_id=pair.harness_id,
@@ -183,7 +242,10 @@ class LineageRun:
                         harness_id=row.harness_id, harness_hash=row.harness_hash)
 
     def _ensure_lineage_row(self) -> None:
+        from rsi.store.harnesses import lock_harness
+
         with self.store.session() as s:
+            lock_harness(s, self.harness)  # a used id@version never changes: an edited one is refused here
             row = s.get(Lineage, self.config.lineage)
             if row is None:
                 s.add(Lineage(name=self.config.lineage, family=self.config.family,
@@ -193,7 +255,7 @@ class LineageRun:
                                 "pick another --lineage name")
 
     def generation_row(self, number: int) -> Generation:
-        with self.store.session() as s:
+        with self.write() as s:
             row = s.scalars(select(Generation).where(Generation.lineage == self.config.lineage,
                                                      Generation.number == number)).one_or_none()
             if row is None:
@@ -212,10 +274,11 @@ class LineageRun:
         """The latest promoted candidate of a generation before ``number``, else the base."""
         for row in reversed(self.finished_generations()):
             if row.number < number and row.status == "promoted":
-                result = self.stage_result(row.id, "register") or {}
-                train = self.stage_result(row.id, "train") or {}
-                return Champion(pair_id=row.candidate_pair_id, adapter_dir=train.get("adapter_dir"),
-                                version=str(result.get("version", "?")), generation=row.number)
+                # a finished generation has both results: register commits them with its status
+                result = self.stage_result(row.id, "register")
+                train = self.stage_result(row.id, "train")
+                return Champion(pair_id=row.candidate_pair_id, adapter_dir=train["adapter_dir"],
+                                version=str(result["version"]), generation=row.number)
         base = self.pair(None)
         self.save_pair(base, None, None)
         return Champion(pair_id=base.id, adapter_dir=None, version="base", generation=0)
@@ -227,9 +290,12 @@ class LineageRun:
                                                    StageRun.status == "done").order_by(StageRun.id.desc())).first()
             return row.result if row else None
 
-    def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any],
-                  fn: Callable[[], dict[str, Any]], on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Return the stored result of (generation, stage, inputs) if it finished before; else run and store it."""
+    def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any], fn: Callable[[], dict[str, Any]],
+                  on_event: Callable[[str], None] | None = None,
+                  finish: Callable[[Session, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Return the stored result of (generation, stage, inputs) if it finished before; else run and store it.
+
+        ``finish`` writes more rows in the transaction that stores the result, so they commit as one unit."""
         key = digest({"config": self.config.digest, "stage": stage, "inputs": inputs})
         with self.store.session() as s:
             done = s.scalars(select(StageRun).where(StageRun.generation_id == gen.id, StageRun.stage == stage,
@@ -241,40 +307,71 @@ class LineageRun:
                 on_event(message)
             return done.result
         result = fn()
-        with self.store.session() as s:
+        fault_point(gen.number, stage)
+        with self.write() as s:
             s.execute(delete(StageRun).where(StageRun.generation_id == gen.id, StageRun.stage == stage,
                                              StageRun.inputs_hash == key))
             s.add(StageRun(generation_id=gen.id, stage=stage, inputs_hash=key, status="done", result=result,
                            finished_at=utcnow()))
             row = s.get(Generation, gen.id)
             row.stages = {**row.stages, stage: "done"}
+            if finish is not None:
+                finish(s, result)
         return result
 
-    # -- held-out evaluation, cached per pair and level --------------------------------------------------
+    # -- evaluation, cached per (pair, level, split) ---------------------------------------------------------
     def scores(self, pair_id: str, adapter_dir: str | None, levels: list[int],
-               generation_id: int | None = None) -> dict[int, LevelScore]:
-        """Greedy held-out scores of a pair; levels measured before are read from the state DB."""
-        seed, n = self.config.seed, self.config.eval_n
-        found: dict[int, LevelScore] = {}
-        with self.store.session() as s:
-            for row in s.scalars(select(EvaluationRow).where(
-                EvaluationRow.pair_id == pair_id, EvaluationRow.level.in_(levels), EvaluationRow.seed == seed,
-                EvaluationRow.n == n, EvaluationRow.decoding == "greedy", EvaluationRow.split == "heldout",
-            )):
-                found[row.level] = LevelScore(level=row.level, n=row.n, correct=row.correct, accuracy=row.accuracy,
-                                              ci_low=row.ci_low, ci_high=row.ci_high, outcomes=tuple(row.outcomes))
+               generation_id: int | None = None, split: str = "heldout") -> dict[int, LevelScore]:
+        """Greedy scores of a pair on ``split``; levels measured before are read from the state DB."""
+        found = self._stored_scores([pair_id], levels, split).get(pair_id, {})
         missing = [lvl for lvl in levels if lvl not in found]
         if missing:
-            new = evaluate(self.harness, self.family, self.backend, pair_id, missing, n, lineage_seed=seed,
-                           adapter=adapter_dir)
-            with self.store.session() as s:
+            new = evaluate(self.harness, self.family, self.backend, pair_id, missing, self.config.eval_n,
+                           lineage_seed=self.config.seed, adapter=adapter_dir, split=split)
+            with self.write() as s:
                 for sc in new:
-                    s.add(EvaluationRow(pair_id=pair_id, generation_id=generation_id, level=sc.level, split="heldout",
-                                        seed=seed, n=sc.n, correct=sc.correct, accuracy=sc.accuracy,
-                                        ci_low=sc.ci_low, ci_high=sc.ci_high, decoding="greedy",
-                                        outcomes=list(sc.outcomes)))
+                    s.add(EvaluationRow(pair_id=pair_id, generation_id=generation_id, level=sc.level, split=split,
+                                        seed=self.config.seed, n=self.config.eval_n, correct=sc.correct,
+                                        accuracy=sc.accuracy, ci_low=sc.ci_low, ci_high=sc.ci_high,
+                                        decoding="greedy", outcomes=list(sc.outcomes)))
                     found[sc.level] = sc
         return {lvl: found[lvl] for lvl in levels}
+
+    def _stored_scores(self, pair_ids: list[str], levels: list[int], split: str) -> dict[str, dict[int, LevelScore]]:
+        """Stored greedy scores (requested n = eval_n, this lineage's seed) by pair and level."""
+        out: dict[str, dict[int, LevelScore]] = {}
+        with self.store.session() as s:
+            for row in s.scalars(select(EvaluationRow).where(
+                EvaluationRow.pair_id.in_(pair_ids), EvaluationRow.level.in_(levels), EvaluationRow.split == split,
+                EvaluationRow.seed == self.config.seed, EvaluationRow.n == self.config.eval_n,
+                EvaluationRow.decoding == "greedy",
+            )):
+                outcomes = tuple(row.outcomes)
+                out.setdefault(row.pair_id, {})[row.level] = LevelScore(
+                    level=row.level, n=len(outcomes), correct=row.correct, accuracy=row.accuracy,
+                    ci_low=row.ci_low, ci_high=row.ci_high, outcomes=outcomes, exhaustive=len(outcomes) < row.n)
+        return out
+
+    def best_scores(self, levels: list[int]) -> dict[int, LevelScore]:
+        """Per level, the lineage's best held-out record among its champions (the base and every promoted
+        candidate), on the same tasks, so a candidate can be compared with it task by task."""
+        champions = self.champion_pairs()
+        stored = self._stored_scores(champions, levels, "heldout")
+        best: dict[int, LevelScore] = {}
+        for pair_id in champions:  # earliest wins ties: the record was set first
+            for level, sc in stored.get(pair_id, {}).items():
+                if level not in best or sc.accuracy > best[level].accuracy:
+                    best[level] = sc
+        return best
+
+    def champion_pairs(self) -> list[str]:
+        """The base pair and every promoted candidate, in lineage order."""
+        return [self.pair(None).id] + [g.candidate_pair_id for g in self.finished_generations() if g.status == "promoted"]
+
+    def attempt(self, parent_pair_id: str, number: int) -> int:
+        """1 + the candidates already gated against this parent (its retries spend the gate's alpha)."""
+        return 1 + sum(1 for g in self.finished_generations()
+                       if g.parent_pair_id == parent_pair_id and g.number < number)
 
     def close(self) -> None:
         if "backend" in self.__dict__:
@@ -303,35 +400,74 @@ def _alive(holder: str) -> bool:
     return True
 
 
-def acquire_lease(store: Store, lineage: str, ttl_s: int = 120) -> str:
-    """Take the lineage's lease, or raise ``LeaseHeld`` naming the live holder.
+def acquire_lease(store: Store, lineage: str, ttl_s: int = 120) -> tuple[str, int]:
+    """Take the lineage's lease and a new fencing token, or raise ``LeaseHeld`` naming the live holder.
 
-    A lease is free when its holder's process is gone (same host) or its heartbeat is older than its ttl,
-    so a run killed with -9 can be started again at once."""
+    A lease is free when released, when its holder's process is gone (same host) or when its heartbeat is
+    older than its ttl, so a run killed with -9 can be started again at once."""
     me = holder_id()
     now = utcnow()
     with store.session() as s:
         lease = s.get(Lease, lineage, with_for_update=True)
         if lease is None:
-            s.add(Lease(lineage=lineage, holder=me, acquired_at=now, heartbeat_at=now, ttl_s=ttl_s))
-            return me
+            lease = Lease(lineage=lineage, holder="", acquired_at=now, heartbeat_at=now, ttl_s=ttl_s, token=0)
+            s.add(lease)
         beat = lease.heartbeat_at if lease.heartbeat_at.tzinfo else lease.heartbeat_at.replace(tzinfo=timezone.utc)
         fresh = now - beat < timedelta(seconds=lease.ttl_s)
-        if lease.holder != me and fresh and _alive(lease.holder):
+        if lease.holder and lease.holder != me and fresh and _alive(lease.holder):
             raise LeaseHeld(f"lineage {lineage!r} is being run by {lease.holder} (since "
                             f"{lease.acquired_at:%Y-%m-%d %H:%M:%S} UTC); wait for it to finish or stop it first")
         lease.holder, lease.acquired_at, lease.heartbeat_at, lease.ttl_s = me, now, now, ttl_s
-    return me
+        lease.token = (lease.token or 0) + 1
+        return me, lease.token
 
 
-def heartbeat(store: Store, lineage: str, holder: str) -> None:
+def heartbeat(store: Store, lineage: str, holder: str, token: int) -> bool:
+    """Renew the lease; False when it is no longer ours (another run took it over)."""
     with store.session() as s:
-        s.execute(update(Lease).where(Lease.lineage == lineage, Lease.holder == holder).values(heartbeat_at=utcnow()))
+        done = s.execute(update(Lease).where(Lease.lineage == lineage, Lease.holder == holder, Lease.token == token)
+                         .values(heartbeat_at=utcnow()))
+        return done.rowcount == 1
 
 
-def release_lease(store: Store, lineage: str, holder: str) -> None:
+def release_lease(store: Store, lineage: str, holder: str, token: int | None = None) -> None:
+    """Free the lease if it is still ours; the row (and its token) stays so tokens keep growing."""
     with store.session() as s:
-        s.execute(delete(Lease).where(Lease.lineage == lineage, Lease.holder == holder))
+        query = update(Lease).where(Lease.lineage == lineage, Lease.holder == holder)
+        if token is not None:
+            query = query.where(Lease.token == token)
+        s.execute(query.values(holder=""))
+
+
+def keep_alive(run: LineageRun, stop: threading.Event, every_s: float = 30.0, retries: int = 5,
+               backoff_s: float = 2.0) -> None:
+    """The heartbeat thread: renew every ``every_s``; a failed renewal (e.g. SQLite 'database is locked') is
+    retried with backoff. After ``retries`` failures in a row, or when the lease was taken over, it records
+    why in ``run.lease_problem``; the run stops at its next write or stage with that message (exit 1)."""
+    failures, last = 0, ""
+    while not stop.wait(every_s if failures == 0 else backoff_s * 2 ** min(failures, 4)):
+        try:
+            if not heartbeat(run.store, run.config.lineage, run.holder, run.token):
+                run.lease_problem = (f"lineage {run.config.lineage!r}: the lease was taken over by another run; "
+                                     "this run stops without writing more")
+                return
+            failures = 0
+        except Exception as exc:  # noqa: BLE001 - any DB error: retry, and report if it persists
+            failures, last = failures + 1, str(exc).splitlines()[0]
+            log.warning("lease heartbeat failed (%d/%d): %s", failures, retries, last)
+            if failures >= retries:
+                run.lease_problem = (f"lineage {run.config.lineage!r}: the lease heartbeat failed {failures} times "
+                                     f"in a row (last: {last}); stopping so no other run can overlap. Run `rsi run` "
+                                     "again to continue where it stopped")
+                return
+
+
+def fault_point(generation: int, stage: str) -> None:
+    """TEST HOOK: ``RSI_TEST_KILL_AT=<generation>:<stage>`` kills this process with SIGKILL after the stage's
+    work and before its result is stored (``<generation>:start`` before the generation begins)."""
+    target = os.environ.get("RSI_TEST_KILL_AT")
+    if target and target == f"{generation}:{stage}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def since(start: datetime) -> float:

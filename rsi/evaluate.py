@@ -16,6 +16,7 @@ from rsi.backends.base import GenerationBackend
 from rsi.errors import UserError
 from rsi.execute import rollout, sampling_params
 from rsi.hcp import Harness
+from rsi.models import Split
 from rsi.splits import stream_seed
 from rsi.tasks import TaskFamily
 
@@ -31,6 +32,8 @@ class LevelScore(BaseModel):
     ci_high: float
     decoding: str = "greedy"
     outcomes: tuple[bool, ...] = Field(default=(), repr=False, description="per held-out task, by index")
+    exhaustive: bool = Field(False, description="the tasks are every task of the split at this level (fewer than "
+                             "asked for exist), so the accuracy is exact, not an estimate from a sample")
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -43,17 +46,18 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def score(level: int, outcomes: list[bool], decoding: str = "greedy") -> LevelScore:
+def score(level: int, outcomes: list[bool], decoding: str = "greedy", exhaustive: bool = False) -> LevelScore:
     n, correct = len(outcomes), sum(outcomes)
-    low, high = wilson(correct, n)
-    return LevelScore(level=level, n=n, correct=correct, accuracy=correct / n if n else 0.0,
-                      ci_low=low, ci_high=high, decoding=decoding, outcomes=tuple(outcomes))
+    accuracy = correct / n if n else 0.0
+    low, high = (accuracy, accuracy) if exhaustive else wilson(correct, n)
+    return LevelScore(level=level, n=n, correct=correct, accuracy=accuracy, ci_low=low, ci_high=high,
+                      decoding=decoding, outcomes=tuple(outcomes), exhaustive=exhaustive)
 
 
 def expressible(harness: Harness, family: TaskFamily, level: int) -> bool:
     """Whether the harness's format can pose tasks of ``level`` (a fixed-width format has a ceiling)."""
     try:
-        harness.prompt(family.task(0, level, 0).payload)
+        harness.prompt(family.task("train", 0, level, 0).payload)
     except UserError:
         return False
     return True
@@ -70,11 +74,15 @@ def evaluate(
     lineage_seed: int = 0,
     adapter: str | None = None,
     k: int = 1,
+    split: Split = "heldout",
 ) -> list[LevelScore]:
-    """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on held-out tasks."""
-    seed = stream_seed("heldout", lineage_seed)
+    """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on up to ``n`` distinct
+    tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer)."""
+    if split == "train":
+        raise UserError("evaluation reads the heldout or test split; train tasks are what the model learns from")
+    seed = stream_seed(split, lineage_seed)
     params = sampling_params(harness, seed=seed, greedy=k == 1, samples=k)
-    tasks = [t for level in levels for t in family.tasks(seed, level, n)]
+    tasks = [t for level in levels for t in family.tasks(split, seed, level, n)]
     trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
     by_task = {t.id: t for t in tasks}
     solved: dict[str, bool] = {}
@@ -82,6 +90,8 @@ def evaluate(
         ok = audit(traj, by_task[traj.task_id], harness, family).passed
         solved[traj.task_id] = solved.get(traj.task_id, False) or ok
     decoding = "greedy" if k == 1 else f"pass@{k}"
-    return [
-        score(level, [solved[t.id] for t in tasks if t.level == level], decoding) for level in levels
-    ]
+    scores = []
+    for level in levels:
+        outcomes = [solved[t.id] for t in tasks if t.level == level]
+        scores.append(score(level, outcomes, decoding, exhaustive=len(outcomes) < n))
+    return scores

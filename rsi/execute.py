@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rsi.backends.base import GenerationBackend, SamplingParams
-from rsi.hashing import digest
 from rsi.hcp import Harness
 from rsi.models import Message, Task, Timings, TokenCounts, Trajectory
 
@@ -31,22 +30,24 @@ def rollout(
     params: SamplingParams,
     adapter: str | None = None,
 ) -> list[Trajectory]:
-    """One trajectory per (task, sample). Ids hash what produced them, so a rerun yields the same ids."""
-    prompts = [harness.prompt(t.payload) for t in tasks]
+    """One trajectory per (task, sample): the harness's prompt messages, then the reply. The model's input
+    is their concatenation (completion mode). Ids are content hashes; sampling is seeded, so a rerun
+    yields the same trajectories and ids."""
+    rendered = [harness.prompt_messages(t.payload) for t in tasks]
+    prompts = ["".join(content for _, content in messages) for messages in rendered]
     outputs = backend.generate(prompts, params, adapter=adapter)
-    key = params.model_dump(mode="json")
     trajectories = []
-    for task, prompt, samples in zip(tasks, prompts, outputs, strict=True):
+    for task, messages, samples in zip(tasks, rendered, outputs, strict=True):
+        prompt_messages = tuple(Message(role=role, content=content) for role, content in messages)
         for index, c in enumerate(samples):
             trajectories.append(
-                Trajectory(
-                    id="traj-" + digest([task.id, pair_id, harness.id, key, index])[:24],
+                Trajectory.build(
                     task_id=task.id,
                     pair_id=pair_id,
                     harness_id=harness.id,
                     sample_index=index,
                     seed=params.seed,
-                    messages=(Message(role="user", content=prompt), Message(role="assistant", content=c.text)),
+                    messages=(*prompt_messages, Message(role="assistant", content=c.text)),
                     finish_reason=c.finish_reason,
                     tokens=TokenCounts(prompt=c.prompt_tokens, completion=c.completion_tokens),
                     timings=Timings(generate_s=c.generate_s),

@@ -1,36 +1,66 @@
 """HCP (Harness Context Protocol) documents: ``harness_versions/<family>/<version>/hcp.toml``.
 
 A document names the model it drives, its prompt templates, decoding, tools, limits, the answer
-format and the contract the auditor checks. ``load_harness`` validates all of it, templates included,
-and raises a ``UserError`` naming the file, the field and what was expected.
+format and the contract the auditor checks. Documents are untrusted input: ``load_harness`` validates
+all of it (templates stay inside the harness folder and are rendered on sample tasks of the family,
+parser parameters and tool schemas are typed, the contract holds the rules a verdict needs, every field
+is one rsi honours) and raises a ``UserError`` naming the file, the field and what was expected.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Literal
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, Literal, NamedTuple
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, meta, nodes
+import jsonschema
+from jinja2 import StrictUndefined, TemplateSyntaxError, meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, JsonValue, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from rsi.errors import UserError
 from rsi.hashing import digest, digest_bytes
+from rsi.models import Task
 from rsi.parsers import PARSERS, digits_lsb
+from rsi.tasks import get_family
 
 HCP_VERSIONS = ("1.0",)
 CONTRACT_RULES = (
     "ids_consistent",
     "prompt_rendered",
+    "messages_allowed",
     "limits",
+    "stopped",
     "tools_allowed",
     "answer_format",
     "no_extra_content",
     "answer_correct",
 )
+# Without these a verdict means nothing: the task is authentic, the model saw the harness's prompt and
+# nothing else, and the answer is right.
+REQUIRED_RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "answer_correct")
+# Contract version -> the rules a contract of that version must list. Version 1 predates messages_allowed
+# and stopped; its documents (addition/v1) stay loadable, with a warning, because they are immutable.
+CONTRACT_VERSIONS: dict[str, tuple[str, ...]] = {
+    "1": ("ids_consistent", "prompt_rendered", "answer_correct"),
+    "2": REQUIRED_RULES,
+}
+LEGACY_CONTRACTS = {
+    "1": "it does not require messages_allowed, so a trajectory with messages beyond the rendered prompt "
+         "and one reply can pass; new harness versions use contract version 2",
+}
 TEMPLATE_NAMES = ("task", "vars", "tools")
+TEMPLATE_FIELDS = ("template", "system_template")
+# Validation renders every template on SAMPLE_TASKS train tasks of each of the family's lowest SAMPLE_LEVELS.
+SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
+
+
+def required_rules(contract_version: str) -> tuple[str, ...]:
+    """The rules a contract of ``contract_version`` must list (REQUIRED_RULES for the current version)."""
+    return CONTRACT_VERSIONS.get(contract_version, REQUIRED_RULES)
 
 
 class Section(BaseModel):
@@ -38,22 +68,39 @@ class Section(BaseModel):
 
 
 class ModelSource(Section):
-    base: str = Field("builtin", description="'builtin' or a local Hugging Face model directory")
-    adapter: str = Field("lineage", description="'none', 'lineage' (the lineage's champion) or a directory")
+    base: str = Field("builtin", description=(
+        "'builtin' (rsi's own small addition model) or a local Hugging Face model directory holding a "
+        "config.json, absolute or relative to the harness folder"))
+    adapter: Literal["lineage", "none"] = Field("lineage", description=(
+        "'lineage': the model runs with the lineage's champion adapter (none until a first candidate is "
+        "promoted) and training continues from it; 'none': the base model alone, with no adapter loaded "
+        "or trained under this harness (a fixed baseline)"))
 
 
 class Prompt(Section):
-    mode: Literal["completion", "chat"] = "completion"
-    template: str = Field(description="path of the user/prompt template, relative to hcp.toml")
-    system_template: str | None = None
+    mode: Literal["completion", "chat"] = Field("completion", description=(
+        "'completion': the model's input is the rendered system_template (if any) followed by the rendered "
+        "template, concatenated with nothing between them. 'chat' is reserved and refused in this version"))
+    template: str = Field(description="path of the user/prompt template, relative to hcp.toml, inside its folder")
+    system_template: str | None = Field(None, description=(
+        "path of a system template, relative to hcp.toml; in completion mode its text comes first, so end "
+        "it with the separator you want (Jinja drops one trailing newline of a file: write {{ '\\n' }})"))
     vars: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("mode")
+    @classmethod
+    def _completion_only(cls, mode: str) -> str:
+        if mode == "chat":
+            raise ValueError('"chat" is not supported yet: rsi\'s backends take completion prompts in this '
+                             'version; use mode = "completion" (a system_template, if any, is put first)')
+        return mode
 
 
 class Decoding(Section):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(ge=1)
-    samples: int = Field(1, ge=1)
+    samples: int = Field(1, ge=1, description="completions per task when the harness's own k is used")
     stop: tuple[str, ...] = ()
 
 
@@ -65,18 +112,23 @@ class Limits(Section):
 
 class Answer(Section):
     parser: str
-    params: dict[str, JsonValue] = Field(default_factory=dict)
+    params: dict[str, JsonValue] = Field(default_factory=dict, description="checked against the parser's params model")
+    require_stop: bool = Field(True, description="a reply must end with EOS or a stop string, not be cut by length")
 
-    @model_validator(mode="after")
-    def _known_parser(self) -> Answer:
-        if self.parser not in PARSERS:
-            raise ValueError(f"unknown parser {self.parser!r}; expected one of {', '.join(sorted(PARSERS))}")
-        expected = PARSERS[self.parser][1]
-        if set(self.params) != expected:
-            raise ValueError(
-                f"parser {self.parser!r} takes params {sorted(expected)}, got {sorted(self.params)}"
-            )
-        return self
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        if name not in PARSERS:
+            raise ValueError(f"unknown parser {name!r}; expected one of {', '.join(sorted(PARSERS))}")
+        return name
+
+    @field_validator("params")
+    @classmethod
+    def _typed_params(cls, params: dict[str, JsonValue], info: ValidationInfo) -> dict[str, JsonValue]:
+        spec = PARSERS.get(info.data.get("parser", ""))
+        if spec is None:  # the parser's own error says what is wrong
+            return params
+        return spec.params.model_validate(params).model_dump(mode="json")
 
 
 class Tool(Section):
@@ -84,17 +136,61 @@ class Tool(Section):
     description: str = ""
     parameters: dict[str, JsonValue] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+            raise ValueError(f"not a valid JSON Schema ({validator.__name__}) at {where}: {exc.message}") from None
+        if schema.get("type") != "object":
+            raise ValueError('tool arguments are a JSON object: the schema needs "type": "object" (and "properties")')
+        remote = _remote_refs(schema)
+        if remote:
+            raise ValueError(f"$ref {remote[0]!r} is not local; only '#/...' references are allowed")
+        return schema
+
+
+def _remote_refs(value: Any) -> list[str]:
+    """``$ref``/``$dynamicRef`` values that point outside the schema (the auditor must never fetch them)."""
+    if isinstance(value, dict):
+        refs = [v for k, v in value.items() if k in ("$ref", "$dynamicRef") and not str(v).startswith("#")]
+        return refs + [r for v in value.values() for r in _remote_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _remote_refs(v)]
+    return []
+
 
 class Contract(Section):
-    version: str = Field(min_length=1)
+    version: str = Field(description=f"contract version, one of {', '.join(CONTRACT_VERSIONS)}")
     rules: tuple[str, ...] = CONTRACT_RULES
 
-    @model_validator(mode="after")
-    def _known_rules(self) -> Contract:
-        unknown = sorted(set(self.rules) - set(CONTRACT_RULES))
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: str) -> str:
+        if version not in CONTRACT_VERSIONS:
+            raise ValueError(f"unknown contract version {version!r}; expected one of {', '.join(CONTRACT_VERSIONS)}")
+        return version
+
+    @field_validator("rules")
+    @classmethod
+    def _meaningful_rules(cls, rules: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        required = required_rules(info.data.get("version", ""))
+        if not rules:
+            raise ValueError(f"no rules: such a contract passes every trajectory; list at least {list(required)}")
+        unknown = sorted(set(rules) - set(CONTRACT_RULES))
         if unknown:
             raise ValueError(f"unknown rules {unknown}; expected a subset of {list(CONTRACT_RULES)}")
-        return self
+        duplicates = sorted({r for r in rules if rules.count(r) > 1})
+        if duplicates:
+            raise ValueError(f"rules {duplicates} listed more than once; list each rule once")
+        missing = [r for r in required if r not in rules]
+        if missing:
+            raise ValueError(f"missing required rules {missing}: without them a verdict means nothing; "
+                             f"a contract must list {list(required)}")
+        return rules
 
 
 class HCPDocument(Section):
@@ -103,7 +199,7 @@ class HCPDocument(Section):
     hcp_version: Literal[HCP_VERSIONS] = Field(description="protocol version")  # type: ignore[valid-type]
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    family: str
+    family: str = Field(description="a registered task family (rsi tasks list)")
     description: str = ""
     model: ModelSource = ModelSource()
     prompt: Prompt
@@ -114,9 +210,16 @@ class HCPDocument(Section):
     contract: Contract
 
     @model_validator(mode="after")
-    def _limits_cover_decoding(self) -> HCPDocument:
+    def _consistent(self) -> HCPDocument:
         if self.decoding.max_new_tokens > self.limits.max_completion_tokens:
             raise ValueError("decoding.max_new_tokens exceeds limits.max_completion_tokens")
+        names = [t.name for t in self.tools]
+        if len(set(names)) < len(names):
+            raise ValueError(f"tools: duplicate tool names {sorted({n for n in names if names.count(n) > 1})}")
+        contract = self.contract
+        if self.answer.require_stop and "stopped" not in contract.rules and contract.version not in LEGACY_CONTRACTS:
+            raise ValueError("answer.require_stop = true but contract.rules lacks 'stopped', the rule that checks "
+                             "it; add 'stopped' or set require_stop = false")
         return self
 
 
@@ -127,19 +230,38 @@ def template_env() -> ImmutableSandboxedEnvironment:
     return env
 
 
+class PromptMessage(NamedTuple):
+    role: Literal["system", "user"]
+    content: str
+
+
+class TemplateRenderError(UserError):
+    """A template failed for one task; ``rsi.evaluate.expressible`` reads this as 'level not posable'."""
+
+    def __init__(self, file: Path, field: str, cause: BaseException):
+        self.file, self.field = file, field
+        self.detail = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"{file}: field 'prompt.{field}': cannot render: {self.detail}")
+
+
 class Harness:
     """A loaded harness version: the document, its directory and its compiled templates."""
 
-    def __init__(self, path: Path, document: HCPDocument, sources: dict[str, str]):
+    def __init__(self, path: Path, document: HCPDocument, sources: dict[str, str], warnings: tuple[str, ...] = ()):
         self.path = path
         self.document = document
         self.sources = sources
+        self.warnings = warnings  # legacy but loadable: the CLI shows these
         env = template_env()
         self._templates = {name: env.from_string(src) for name, src in sources.items()}
 
     @property
     def id(self) -> str:
         return f"{self.document.id}/{self.document.version}"
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
 
     @cached_property
     def hash(self) -> str:
@@ -151,9 +273,17 @@ class Harness:
     def contract_version(self) -> str:
         return self.document.contract.version
 
+    @property
+    def base_model_dir(self) -> Path | None:
+        """The Hugging Face model directory ``model.base`` names, resolved; None for 'builtin'."""
+        base = self.document.model.base
+        return None if base == "builtin" else _base_dir(self.folder, base).resolve()
+
     def render(self, field: str, task_payload: dict[str, Any]) -> str:
         """Render the template named by ``prompt.<field>`` for one task."""
         name = getattr(self.document.prompt, field)
+        if name is None:
+            raise UserError(f"{self.path}: field 'prompt.{field}' is not set; nothing to render")
         context = {
             "task": task_payload,
             "vars": self.document.prompt.vars,
@@ -161,11 +291,24 @@ class Harness:
         }
         try:
             return self._templates[name].render(context)
-        except (TemplateError, ValueError, TypeError) as exc:
-            raise UserError(f"{self.path.parent / name}: prompt.{field}: cannot render: {exc}") from None
+        except Exception as exc:  # an untrusted template may fail in any way; report it, never a traceback
+            raise TemplateRenderError(self.folder / name, field, exc) from None
+
+    def prompt_messages(self, task_payload: dict[str, Any]) -> list[PromptMessage]:
+        """What the model is shown for one task: ("system", ...) if there is a system_template, then ("user", ...)."""
+        messages = []
+        if self.document.prompt.system_template is not None:
+            messages.append(PromptMessage("system", self.render("system_template", task_payload)))
+        messages.append(PromptMessage("user", self.render("template", task_payload)))
+        return messages
 
     def prompt(self, task_payload: dict[str, Any]) -> str:
-        return self.render("template", task_payload)
+        """The model's input text (completion mode): the contents of ``prompt_messages``, concatenated in
+        order with nothing between them."""
+        return "".join(m.content for m in self.prompt_messages(task_payload))
+
+
+# ---- loading and validation ----------------------------------------------------------------------
 
 
 def _resolve(path: Path) -> Path:
@@ -195,14 +338,26 @@ def _field_model(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel
     return model
 
 
-def _explain(path: Path, exc: ValidationError) -> str:
+def _field_name(loc: tuple[Any, ...]) -> str:
+    """('tools', 0, 'parameters') -> 'tools[0].parameters'."""
+    name = ""
+    for part in loc:
+        name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
+    return name or "(document)"
+
+
+def _explain(path: Path, exc: ValidationError, raw: dict[str, Any]) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc) or "(document)"
+        field = _field_name(loc)
         if err["type"] == "extra_forbidden":
-            owner = _field_model(HCPDocument, loc)
-            allowed = ", ".join(owner.model_fields) if owner else "see the HCP documentation"
+            if loc[:2] == ("answer", "params") and len(loc) == 3:
+                parser = str((raw.get("answer") or {}).get("parser"))
+                allowed = ", ".join(PARSERS[parser].params.model_fields) or f"none (parser {parser!r} takes no params)"
+            else:
+                owner = _field_model(HCPDocument, loc)
+                allowed = ", ".join(owner.model_fields) if owner else "see the HCP documentation"
             lines.append(f"{path}: field {field!r}: unknown key; expected one of: {allowed}")
         elif err["type"] == "missing":
             lines.append(f"{path}: field {field!r}: required but missing")
@@ -212,12 +367,30 @@ def _explain(path: Path, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _template_file(path: Path, field: str, rel: str) -> Path:
+    """The template file ``rel`` names, which must lie inside the harness folder (symlinks resolved)."""
+    where = f"{path}: field 'prompt.{field}'"
+    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).anchor:
+        raise UserError(f"{where}: template path {rel!r} is absolute; give a path relative to {path.parent}")
+    if ".." in PurePosixPath(rel.replace("\\", "/")).parts:
+        raise UserError(f"{where}: template path {rel!r} contains '..'; templates must live inside {path.parent}")
+    file = path.parent / rel
+    root, target = path.parent.resolve(), file.resolve()
+    if not target.is_relative_to(root):
+        raise UserError(f"{where}: template {file} resolves to {target}, outside the harness folder {root} "
+                        "(a symlink?); copy the template into the harness folder")
+    if not target.is_file():
+        raise UserError(f"{where}: template file {file} does not exist")
+    return target
+
+
 def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     """Read and statically check one template; return its source."""
-    file = path.parent / rel
-    if not file.is_file():
-        raise UserError(f"{path}: field 'prompt.{field}': template file {file} does not exist")
-    source = file.read_text(encoding="utf-8")
+    file = _template_file(path, field, rel)
+    try:
+        source = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{file}: field 'prompt.{field}': template is not UTF-8 text") from None
     env = template_env()
     try:
         ast = env.parse(source, name=rel)
@@ -240,6 +413,62 @@ def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     return source
 
 
+def _base_dir(folder: Path, base: str) -> Path:
+    path = Path(base).expanduser()
+    return path if path.is_absolute() else folder / path
+
+
+def _check_model_base(path: Path, doc: HCPDocument) -> None:
+    base = doc.model.base
+    if base == "builtin":
+        return
+    where, model_dir = f"{path}: field 'model.base'", _base_dir(path.parent, base)
+    if not model_dir.is_dir():
+        raise UserError(f"{where}: {base!r} is neither 'builtin' nor an existing directory ({model_dir}); "
+                        "pass 'builtin' or a local Hugging Face model directory (absolute, or relative to the "
+                        "harness folder)")
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{where}: {model_dir} holds no config.json, so it is not a Hugging Face model directory; "
+                        "pass a directory written by save_pretrained")
+
+
+def _render_failure(harness: Harness, task: Task) -> TemplateRenderError | None:
+    for field in TEMPLATE_FIELDS:
+        if getattr(harness.document.prompt, field) is not None:
+            try:
+                harness.render(field, task.payload)
+            except TemplateRenderError as exc:
+                return exc
+    return None
+
+
+def _check_renders(path: Path, harness: Harness) -> None:
+    """Render every template on sample train tasks of the family's lowest levels. The lowest level must
+    render; a higher one may fail whole (a fixed-width format has a ceiling) but not in part."""
+    try:
+        family = get_family(harness.document.family)
+    except UserError as exc:
+        raise UserError(f"{path}: field 'family': {exc}") from None
+    top = min(family.min_level + SAMPLE_LEVELS - 1, family.max_level)
+    for level in range(family.min_level, top + 1):
+        try:
+            tasks = family.tasks("train", SAMPLE_SEED, level, SAMPLE_TASKS)
+        except UserError as exc:
+            raise UserError(f"{path}: field 'family': cannot draw sample tasks: {exc}") from None
+        failures = [(t, err) for t in tasks if (err := _render_failure(harness, t)) is not None]
+        if not failures or (level > family.min_level and len(failures) == len(tasks)):
+            continue
+        task, err = failures[0]
+        why = ("the family's lowest level must render" if level == family.min_level else
+               f"{len(tasks) - len(failures)} of {len(tasks)} sample tasks of this level render: a level must "
+               "render for all its tasks or none")
+        raise UserError(
+            f"{err.file}: field 'prompt.{err.field}': cannot render {family.name} task {task.id} (train split, "
+            f"seed {task.seed}, level {level}, index {task.index}, payload {json.dumps(task.payload)}): "
+            f"{err.detail}; {why}"
+        )
+
+
 def load_harness(path: str | Path) -> Harness:
     """Load and validate a harness version; every problem is a ``UserError`` naming file and field."""
     file = _resolve(Path(path))
@@ -252,10 +481,15 @@ def load_harness(path: str | Path) -> Harness:
     try:
         doc = HCPDocument.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(_explain(file, exc)) from None
+        raise UserError(_explain(file, exc, raw)) from None
     sources = {}
-    for field in ("template", "system_template"):
+    for field in TEMPLATE_FIELDS:
         rel = getattr(doc.prompt, field)
         if rel is not None:
             sources[rel] = _check_template(file, field, rel, doc)
-    return Harness(file, doc, sources)
+    _check_model_base(file, doc)
+    legacy = LEGACY_CONTRACTS.get(doc.contract.version)
+    warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
+    harness = Harness(file, doc, sources, warnings)
+    _check_renders(file, harness)
+    return harness

@@ -51,26 +51,34 @@ class LineageRegistry:
         self.mlflow.set_tracking_uri(self.uri)
         return self.mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, tags=tags)
 
+    def find_run(self, tags: dict[str, str]):
+        """The active run of this lineage's experiment carrying all of ``tags`` (None if there is none)."""
+        query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+        hits = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
+        return hits[0] if hits else None
+
     def find_version(self, pair_id: str):
         """The version already registered for ``pair_id`` (a rerun after a crash must not register twice)."""
         hits = self.client.search_model_versions(f"name = '{self.name}' and tag.pair_id = '{pair_id}'")
         return hits[0] if hits else None
 
-    def register(self, run_id: str, artifact_path: str, tags: dict[str, Any], promote: bool) -> str:
-        """Create the candidate's model version, tag it, and move the aliases; returns the version."""
+    def create_version(self, run_id: str, artifact_path: str, tags: dict[str, Any]) -> str:
+        """The candidate's model version, created once per pair id (found again on a rerun)."""
         existing = self.find_version(str(tags["pair_id"]))
         if existing is not None:
-            version = existing.version
-        else:
-            run = self.client.get_run(run_id)
-            source = f"{run.info.artifact_uri}/{artifact_path}"
-            version = self.client.create_model_version(
-                self.name, source=source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
-            ).version
-        self.client.set_registered_model_alias(self.name, CHALLENGER, version)
-        if promote:
-            self.client.set_registered_model_alias(self.name, CHAMPION, version)
-        return str(version)
+            return str(existing.version)
+        run = self.client.get_run(run_id)
+        source = f"{run.info.artifact_uri}/{artifact_path}"
+        return str(self.client.create_model_version(
+            self.name, source=source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}).version)
+
+    def set_aliases(self, *, challenger: str | None, champion: str | None) -> None:
+        """Point the aliases at these versions (None removes the alias)."""
+        for alias, version in ((CHALLENGER, challenger), (CHAMPION, champion)):
+            if version is not None:
+                self.client.set_registered_model_alias(self.name, alias, version)
+            elif self.alias(alias) is not None:
+                self.client.delete_registered_model_alias(self.name, alias)
 
     def alias(self, alias: str):
         try:

@@ -9,16 +9,20 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from rsi.hashing import digest
 
+Split = Literal["train", "heldout", "test"]
+SPLITS: tuple[Split, ...] = ("train", "heldout", "test")
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Task(Frozen):
-    """One verifiable problem, deterministic from (family, seed, level, index)."""
+    """One verifiable problem, deterministic from (family, split, seed, level, index)."""
 
     family: str
     family_version: str = "1"
+    split: Split
     level: int = Field(ge=1)
     seed: int
     index: int = Field(ge=0)
@@ -70,6 +74,18 @@ class Trajectory(Frozen):
     timings: Timings
     created_at: datetime | None = None
 
+    @classmethod
+    def build(cls, **fields: Any) -> Trajectory:
+        """A trajectory whose id is its content hash."""
+        draft = cls(id="traj-", **fields)
+        return draft.model_copy(update={"id": draft.content_id})
+
+    @property
+    def content_id(self) -> str:
+        """The id this trajectory must carry: a hash of its content (not of its timings or storage time),
+        so an edited trajectory is a new trajectory and never inherits an old verdict."""
+        return trajectory_id(self.model_dump(mode="json", exclude={"id", "timings", "created_at"}))
+
     @property
     def completion(self) -> str:
         """Text of the last assistant message ('' when the model said nothing)."""
@@ -77,6 +93,11 @@ class Trajectory(Frozen):
             if message.role == "assistant":
                 return message.content
         return ""
+
+
+def trajectory_id(content: dict[str, Any]) -> str:
+    """``traj-`` + digest of a trajectory's content fields (everything but id, timings, created_at)."""
+    return "traj-" + digest(content)[:24]
 
 
 class RuleResult(Frozen):

@@ -1,18 +1,23 @@
 """Answer parsers named by a harness's ``[answer] parser``: completion text -> value, or a reason it failed.
 
 A parser reads the answer at the start of the completion and reports what follows it as ``extra``,
-so the auditor can judge the format and the extra content as separate rules.
+so the auditor can judge the format and the extra content as separate rules. A parser never raises:
+any text, however odd, is a ``Parsed`` (ok or not, with a reason). Digits are ASCII ``0-9`` only;
+other Unicode digits ('٣', '²', '３') are a failed parse, not a number.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rsi.errors import UserError
+
+ASCII_DIGITS = frozenset("0123456789")
+MAX_DIGITS = 4000  # below Python's int-from-text limit (4300), which would raise instead of failing
 
 
 class Parsed(BaseModel):
@@ -24,42 +29,79 @@ class Parsed(BaseModel):
     error: str = ""
 
 
+class Params(BaseModel):
+    """Base of a parser's parameters (``[answer] params``): typed, strict, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class NoParams(Params):
+    pass
+
+
+class ReversedDigitsParams(Params):
+    width: int = Field(ge=1, le=MAX_DIGITS, description="digits in the answer, least significant first")
+
+
 Parser = Callable[..., Parsed]
-PARSERS: dict[str, tuple[Parser, set[str]]] = {}
 
 
-def parser(name: str, params: set[str]) -> Callable[[Parser], Parser]:
-    """Register an answer parser under ``name``, accepting exactly the keyword ``params``."""
+class ParserSpec(NamedTuple):
+    """A registered parser: the function and the model its keyword parameters validate against."""
+
+    fn: Parser
+    params: type[Params]
+
+
+PARSERS: dict[str, ParserSpec] = {}
+
+
+def parser(name: str, params: type[Params] = NoParams) -> Callable[[Parser], Parser]:
+    """Register an answer parser under ``name``; its keyword parameters are the fields of ``params``."""
 
     def register(fn: Parser) -> Parser:
-        PARSERS[name] = (fn, params)
+        PARSERS[name] = ParserSpec(fn, params)
         return fn
 
     return register
 
 
-@parser("integer", params=set())
+def _non_ascii_digit(text: str) -> str:
+    """A reason naming the first non-ASCII digit in ``text``, or '' if there is none."""
+    for i, ch in enumerate(text):
+        if ch.isdigit() and ch not in ASCII_DIGITS:
+            return f"non-ASCII digit {ch!r} (U+{ord(ch):04X}) at position {i}; only 0-9 count"
+    return ""
+
+
+@parser("integer")
 def parse_integer(text: str) -> Parsed:
-    """A decimal integer, most significant digit first, optional sign."""
-    m = re.match(r"-?\d+", text)
+    """A decimal integer in ASCII digits, most significant digit first, optional '-'."""
+    m = re.match(r"-?[0-9]+", text)
     if m is None:
-        return Parsed(ok=False, error=f"expected an integer, got {text[:20]!r}")
+        reason = _non_ascii_digit(text[:2])
+        return Parsed(ok=False, error=reason or f"expected an integer, got {text[:20]!r}")
+    if len(m.group()) > MAX_DIGITS:
+        return Parsed(ok=False, error=f"integer of more than {MAX_DIGITS} digits")
     return Parsed(ok=True, value=int(m.group()), extra=text[m.end():])
 
 
-@parser("reversed_digits", params={"width"})
+@parser("reversed_digits", ReversedDigitsParams)
 def parse_reversed_digits(text: str, width: int) -> Parsed:
-    """Exactly ``width`` digits, least significant first (zero-padded): '5700' with width 4 is 75."""
+    """Exactly ``width`` ASCII digits, least significant first (zero-padded): '5700' with width 4 is 75."""
+    if not 1 <= width <= MAX_DIGITS:
+        return Parsed(ok=False, error=f"width {width} is outside 1..{MAX_DIGITS}")
     head = text[:width]
-    if len(head) < width or not head.isdigit():
-        return Parsed(ok=False, error=f"expected {width} digits, got {head!r}")
+    if len(head) < width or not set(head) <= ASCII_DIGITS:
+        reason = _non_ascii_digit(head)
+        return Parsed(ok=False, error=reason or f"expected {width} digits, got {head!r}")
     return Parsed(ok=True, value=int(head[::-1]), extra=text[width:])
 
 
 def get_parser(name: str) -> Parser:
     if name not in PARSERS:
         raise UserError(f"unknown answer parser {name!r}; known parsers: {', '.join(sorted(PARSERS))}")
-    return PARSERS[name][0]
+    return PARSERS[name].fn
 
 
 def digits_lsb(value: int, width: int) -> str:

@@ -2,12 +2,16 @@
 
 A family is one module in ``task_generators/`` exposing a ``TaskFamily``; adding one edits nothing
 else. Listing the families imports only their modules, never torch or a model.
+
+Splits by construction: every task belongs to exactly one of ``train``, ``heldout`` and ``test``, decided
+by a hash of its split key (by default its payload), never by the seed it was drawn with. A stream of
+one split rejects draws of the others, so no two splits can share a task, whatever their seeds.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -15,14 +19,31 @@ from typing import Any
 
 from rsi.errors import UserError
 from rsi.hashing import digest
-from rsi.models import Task
+from rsi.models import SPLITS, Split, Task
 
 GROUP = "rsi.task_generators"
+# Shares of the task space; heldout decides (curriculum, gate), test only reports.
+SPLIT_SHARES: dict[Split, float] = {"train": 0.8, "heldout": 0.1, "test": 0.1}
+MAX_DRAWS = 10_000  # rejection draws for one task before a split is declared empty at a level
+
+
+def split_of_key(family: str, key: Any) -> Split:
+    """The split a task with split key ``key`` belongs to: a hash of (family, key) cut by SPLIT_SHARES."""
+    u = int(digest(["rsi-split", family, key])[:13], 16) / 16**13
+    edge = 0.0
+    for split in SPLITS:
+        edge += SPLIT_SHARES[split]
+        if u < edge:
+            return split
+    return SPLITS[-1]
 
 
 @dataclass(frozen=True)
 class TaskFamily:
-    """A verifiable task family: ``make(rng, level)`` draws (payload, answer); ``verify`` checks one answer."""
+    """A verifiable task family: ``make(rng, level)`` draws (payload, answer); ``verify`` checks one answer.
+
+    ``split_key(payload)`` names what makes two tasks the same problem for splitting (default: the
+    payload itself); addition uses the unordered operand pair, so ``a + b`` and ``b + a`` share a split."""
 
     name: str
     version: str
@@ -31,19 +52,35 @@ class TaskFamily:
     verify: Callable[[Task, Any], bool]
     min_level: int = 1
     max_level: int = 10_000
+    split_key: Callable[[dict[str, Any]], Any] | None = None
 
-    def task(self, seed: int, level: int, index: int) -> Task:
-        """The task at (seed, level, index): the same on every machine and run."""
+    def split_of(self, payload: dict[str, Any]) -> Split:
+        return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)
+
+    def task(self, split: Split, seed: int, level: int, index: int) -> Task:
+        """The task at (split, seed, level, index): the same on every machine and run, always in ``split``."""
         if not self.min_level <= level <= self.max_level:
             raise UserError(f"family {self.name!r} has levels {self.min_level}..{self.max_level}, not {level}")
-        rng = random.Random(int(digest([self.name, self.version, seed, level, index])[:16], 16))
-        payload, answer = self.make(rng, level)
-        return Task(family=self.name, family_version=self.version, level=level, seed=seed, index=index,
-                    payload=payload, answer=answer)
+        if split not in SPLITS:
+            raise UserError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        rng = random.Random(int(digest([self.name, self.version, split, seed, level, index])[:16], 16))
+        for _ in range(MAX_DRAWS):
+            payload, answer = self.make(rng, level)
+            if self.split_of(payload) == split:
+                return Task(family=self.name, family_version=self.version, split=split, level=level, seed=seed,
+                            index=index, payload=payload, answer=answer)
+        raise UserError(f"family {self.name!r} has no {split} task at level {level} ({MAX_DRAWS} draws)")
 
-    def tasks(self, seed: int, level: int, n: int, start: int = 0) -> Iterator[Task]:
-        for index in range(start, start + n):
-            yield self.task(seed, level, index)
+    def tasks(self, split: Split, seed: int, level: int, n: int) -> list[Task]:
+        """Up to ``n`` distinct tasks of ``split`` (index order, repeats skipped). Fewer come back when the
+        split holds fewer at this level (e.g. level 1 of addition): ``len()`` is the distinct count."""
+        found: dict[str, Task] = {}
+        index = 0
+        while len(found) < n and index < n + 1000 + 4 * n:
+            task = self.task(split, seed, level, index)
+            found.setdefault(digest(task.payload), task)
+            index += 1
+        return list(found.values())
 
 
 @cache

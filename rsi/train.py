@@ -1,8 +1,8 @@
 """LoRA training on a selected dataset (PEFT), warm-started from the parent adapter, seeded, CPU-deterministic.
 
-A plain PyTorch loop over a PEFT model: at this model size TRL's SFTTrainer spends more time in its own
-machinery (datasets, accelerate, collators) than in the model; ``bench/train.py`` measures the two on
-the same data and steps. Loss is on completion tokens (and EOS) only. Each batch mixes the frontier pool
+A plain PyTorch loop over a PEFT model, readable in one screen. It has not been measured against TRL's
+SFTTrainer yet (issue 9 adds ``bench/train.py`` for that); nothing here claims it is faster. Loss is on
+completion tokens (and EOS) only. Each batch mixes the frontier pool
 with the replay pool in a fixed proportion, so old levels are rehearsed every step.
 """
 

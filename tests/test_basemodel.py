@@ -13,7 +13,7 @@ from rsi.tasks import get_family
 
 from .conftest import REPO
 
-HARNESS = load_harness(REPO / "harness_versions/addition/v1")
+HARNESS = load_harness(REPO / "harness_versions/addition/v2")
 
 
 def test_base_is_trained_in_the_harness_format() -> None:
@@ -21,7 +21,7 @@ def test_base_is_trained_in_the_harness_format() -> None:
     width = HARNESS.document.prompt.vars["width"]
     assert BaseRecipe().width == width
     family = get_family("addition")
-    for task in [family.task(3, level, i) for level in (1, 2, 3, 7, 10) for i in range(20)]:
+    for task in [family.task("train", 3, level, i) for level in (1, 2, 3, 7, 10) for i in range(20)]:
         prompt, completion = format_example(task.payload["a"], task.payload["b"], width)
         assert prompt == HARNESS.prompt(task.payload)
         parsed = parse_reversed_digits(completion, **HARNESS.document.answer.params)

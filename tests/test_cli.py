@@ -51,7 +51,7 @@ def test_db_commands(db_url: str) -> None:
     env = {"RSI_DATABASE_URL": db_url}
     up = rsi("db", "upgrade", env=env)
     assert up.returncode == 0, up.stderr
-    assert "at revision 0001" in up.stdout
+    assert "at revision 0002" in up.stdout
     assert "up to date" in rsi("db", "current", env=env).stdout
     down = rsi("db", "downgrade", "base", env=env)
     assert down.returncode == 0 and "at revision base" in down.stdout, down.stderr
@@ -69,11 +69,11 @@ def test_db_bad_input_and_unreachable_server() -> None:
 
 
 def test_harness_validate_exit_codes(tmp_path: Path) -> None:
-    good = rsi("harness", "validate", "harness_versions/addition/v1")
-    assert good.returncode == 0 and "valid" in good.stdout and "addition/v1" in good.stdout
+    good = rsi("harness", "validate", "harness_versions/addition/v2")
+    assert good.returncode == 0 and "valid" in good.stdout and "addition/v2" in good.stdout
 
     unknown = tmp_path / "unknown"
-    shutil.copytree(REPO / "harness_versions/addition/v1", unknown)
+    shutil.copytree(REPO / "harness_versions/addition/v2", unknown)
     toml = unknown / "hcp.toml"
     toml.write_text(toml.read_text().replace("[limits]", "[limits]\nmax_stepz = 3"))
     result = rsi("harness", "validate", str(unknown))

@@ -52,6 +52,12 @@ def seed_home(home: Path, base: Path) -> None:
         shutil.copytree(base, target)
 
 
+# A tiny configuration whose clean candidate is promoted on this fixed seed (enough training and held-out
+# tasks for the gate to see the gain); the corruption test needs both sides decided.
+PROMOTING = {"train": {"steps": 60, "batch_size": 32, "warmup": 4}, "eval_n": 256,
+             "curriculum": {"rule": "accelerated", "tasks_per_level": 128, "lookahead_tasks": 32, "max_level": 6}}
+
+
 def run_tiny(generations: int, **overrides):
     from flows.cycle import run_lineage
     from rsi.cycle import load_config
@@ -106,9 +112,41 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
         assert client.get_model_version_by_alias("rsi-addition", "champion").version == promoted[-1].version
     assert versions[1].tags["parent_version"] == (promoted[0].version if promoted and promoted[0].tags["generation"] == "1" else "base")
 
+    assert_training_data_is_audited_samples(settings.db_url)
+
     # started again, the lineage continues at generation 3 instead of redoing 1 and 2
     more, _ = run_tiny(1)
     assert [s["generation"] for s in more] == [3]
+
+
+def assert_training_data_is_audited_samples(db_url: str) -> None:
+    """End-to-end invariant: every dataset item is a stored trajectory with a passed verdict under its pair's
+    harness hash, and each training run consumed exactly the sampled texts, byte for byte, in dataset order."""
+    from rsi.hashing import digest
+    from rsi.store import open_store
+    from rsi.store.schema import DatasetItem, DatasetRow, PairRow, StageRun, TrajectoryRow, VerdictRow
+
+    store = open_store(db_url)
+    with store.session() as db:
+        datasets = list(db.scalars(select(DatasetRow)))
+        assert datasets
+        for ds in datasets:
+            items = db.scalars(select(DatasetItem).where(DatasetItem.dataset_digest == ds.digest)
+                               .order_by(DatasetItem.position)).all()
+            assert len(items) == ds.size > 0
+            texts = []
+            for item in items:
+                traj = db.get(TrajectoryRow, item.trajectory_id)
+                harness_hash = db.get(PairRow, traj.pair_id).harness_hash
+                assert db.scalars(select(VerdictRow).where(VerdictRow.trajectory_id == traj.id, VerdictRow.passed,
+                                                           VerdictRow.harness_hash == harness_hash)).first()
+                *prompt, reply = traj.messages
+                assert reply["role"] == "assistant" and all(m["role"] in ("system", "user") for m in prompt)
+                texts.append(["".join(m["content"] for m in prompt), reply["content"]])
+            trained = db.scalars(select(StageRun).where(StageRun.generation_id == ds.generation_id,
+                                                        StageRun.stage == "train")).one().result
+            assert trained["examples_digest"] == digest(texts)
+    store.dispose()
 
 
 def test_resume_skips_finished_stages(prefect_api, tiny_base, rsi_home) -> None:
@@ -144,74 +182,161 @@ def test_second_run_on_a_leased_lineage_exits_2(tiny_base, rsi_home) -> None:
     from rsi.store import open_store
 
     store = open_store(get_settings().db_url)
-    holder = acquire_lease(store, "addition")
+    holder, token = acquire_lease(store, "addition")
     try:
         result = subprocess.run([sys.executable, "-m", "rsi", "run", "addition", "--profile", "tiny"],
                                 capture_output=True, text=True, cwd=REPO, timeout=300)
         assert result.returncode == 2, result.stderr
         assert "is being run by" in result.stderr and "Traceback" not in result.stderr
     finally:
-        release_lease(store, "addition", holder)
+        release_lease(store, "addition", holder, token)
         store.dispose()
 
 
-def _rsi_run(home: Path, generations: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+def test_a_run_that_lost_its_lease_cannot_write(tiny_base, rsi_home) -> None:
+    """Fencing: once another run took the lineage over (a stale heartbeat), every write of the old run fails."""
+    from datetime import timedelta
+
+    from rsi.config import get_settings
+    from rsi.cycle import LineageRun, load_config
+    from rsi.errors import RuntimeFailure
+    from rsi.store.schema import Lease, utcnow
+
+    seed_home(rsi_home, tiny_base)
+    old = LineageRun(load_config("tiny"), get_settings())
+    old.acquire()
+    old.generation_row(1)  # writes while holding the lease
+    with old.store.session() as s:  # its heartbeat stalled past the ttl, and its holder looks like another host's
+        lease = s.get(Lease, "addition")
+        lease.heartbeat_at, lease.holder = utcnow() - timedelta(seconds=600), "elsewhere:1"
+    old.holder = "elsewhere:1"  # the same run, as the lease row names it
+    new = LineageRun(load_config("tiny"), get_settings())
+    new.acquire()
+    assert new.token == old.token + 1
+    with pytest.raises(RuntimeFailure, match="no longer holds the lease"):
+        old.generation_row(2)
+    new.generation_row(2)
+    new.release()
+    old.close()
+    new.close()
+
+
+def test_heartbeat_retries_then_stops_the_run_with_a_clear_message(tiny_base, rsi_home, monkeypatch) -> None:
+    """A locked database is retried; only repeated failures stop the run (exit 1 through the CLI's RuntimeFailure)."""
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    import rsi.cycle as cycle
+    from rsi.config import get_settings
+    from rsi.errors import RuntimeFailure
+
+    seed_home(rsi_home, tiny_base)
+    run = cycle.LineageRun(cycle.load_config("tiny"), get_settings())
+    run.acquire()
+    calls = []
+
+    def flaky(store, lineage, holder, token):
+        calls.append(1)
+        if len(calls) in (1, 2) or len(calls) >= 4:  # two failures, a success, then failures for good
+            raise OperationalError("UPDATE rsi_leases", {}, Exception("database is locked"))
+        return True
+
+    monkeypatch.setattr(cycle, "heartbeat", flaky)
+    cycle.keep_alive(run, threading.Event(), every_s=0.01, retries=3, backoff_s=0.001)
+    assert len(calls) == 6  # recovered after 2 failures, then gave up after 3 in a row
+    with pytest.raises(RuntimeFailure, match="heartbeat failed 3 times in a row.*database is locked"):
+        run.check_lease()
+    with pytest.raises(RuntimeFailure):
+        run.generation_row(1)
+    run.close()
+
+
+def _rsi_run(home: Path, generations: int, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RSI_TEST_KILL"))}
     env |= {"RSI_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rsi", "run", "addition", "--profile", "tiny",
-                             "--generations", str(generations)], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if kill_at:
+        env["RSI_TEST_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-m", "rsi", "run", "addition", "--profile", "tiny",
+                           "--generations", str(generations)], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
 
 
-def _final_adapter_hash(home: Path) -> str:
+def lineage_facts(home: Path) -> dict:
+    """What must not differ between a killed-and-resumed lineage and an uninterrupted one."""
     from mlflow import MlflowClient
+    from sqlalchemy import create_engine, text
+
+    from rsi.store.schema import Base
 
     uri = f"sqlite:///{home / 'mlflow.db'}"
-    versions = MlflowClient(tracking_uri=uri, registry_uri=uri).search_model_versions("name = 'rsi-addition'")
-    return max(versions, key=lambda v: int(v.version)).tags["adapter_hash"]
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    versions = sorted(client.search_model_versions("name = 'rsi-addition'"), key=lambda v: int(v.version))
+    experiment = client.get_experiment_by_name("rsi/addition")
+    engine = create_engine(f"sqlite:///{home / 'rsi.db'}")
+    with engine.connect() as conn:
+        rows = {t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar() for t in Base.metadata.tables}
+        stage_dupes = conn.execute(text("SELECT COUNT(*) FROM (SELECT generation_id, stage FROM rsi_stage_runs "
+                                        "GROUP BY generation_id, stage HAVING COUNT(*) > 1) d")).scalar()
+    engine.dispose()
+    promoted = [v for v in versions if v.tags["gate"] == "promoted"]
+    return {
+        "champion": client.get_model_version_by_alias("rsi-addition", "champion").tags["adapter_hash"]
+        if promoted else None,
+        "challenger": client.get_model_version_by_alias("rsi-addition", "challenger").version,
+        "versions": [(v.version, v.tags["generation"], v.tags["gate"], v.tags["adapter_hash"], v.tags["parent_version"])
+                     for v in versions],
+        "question_marks": [(v.version, k) for v in versions for k, val in v.tags.items() if "?" in val],
+        "runs": len(client.search_runs([experiment.experiment_id])),
+        "rows": {t: n for t, n in rows.items() if t != "rsi_leases"},
+        "stage_dupes": stage_dupes,
+    }
 
 
-def test_kill_9_during_generation_2_then_rerun(tiny_base, tmp_path) -> None:
-    """kill -9 while generation 2 trains; the rerun skips finished stages and ends where an uninterrupted run does."""
-    killed_home, clean_home = tmp_path / "killed", tmp_path / "clean"
-    for home in (killed_home, clean_home):
+KILL_POINTS = ["2:start", "2:discover", "2:execute", "2:audit", "2:select", "2:train", "2:evaluate", "2:register"]
+
+
+def test_kill_9_anywhere_then_rerun_ends_like_an_uninterrupted_run(tiny_base, tmp_path) -> None:
+    """SIGKILL at 8 points (between generations 1 and 2, and after each stage's work of generation 2, before its
+    result is stored), each time resuming the same RSI_HOME: the lineage ends exactly as an uninterrupted run."""
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    for home in (killed, clean):
         seed_home(home, tiny_base)
-    proc = _rsi_run(killed_home, 2)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "generation 2: train" in line:
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
-
-    rerun = _rsi_run(killed_home, 1)
-    out, _ = rerun.communicate(timeout=600)
-    assert rerun.returncode == 0, out
-    for stage in ("discover", "execute", "audit", "select"):
-        assert f"generation 2 {stage}: skipped (finished earlier" in out, out
-
-    clean = _rsi_run(clean_home, 2)
-    clean_out, _ = clean.communicate(timeout=600)
-    assert clean.returncode == 0, clean_out
-    assert _final_adapter_hash(killed_home) == _final_adapter_hash(clean_home)
+    for i, point in enumerate(KILL_POINTS):
+        result = _rsi_run(killed, 2 if i == 0 else 1, kill_at=point)
+        assert result.returncode == -signal.SIGKILL, (point, result.stdout[-3000:])
+    finished = _rsi_run(killed, 1)
+    assert finished.returncode == 0, finished.stdout[-3000:]
+    for stage in ("discover", "execute", "audit", "select", "train", "evaluate"):
+        assert f"generation 2 {stage}: skipped (finished earlier" in finished.stdout, finished.stdout[-3000:]
+    assert "generation 2 register: skipped" not in finished.stdout  # killed before its result was stored
+    uninterrupted = _rsi_run(clean, 2)
+    assert uninterrupted.returncode == 0, uninterrupted.stdout[-3000:]
+    facts = lineage_facts(killed)
+    assert facts == lineage_facts(clean)
+    assert facts["question_marks"] == [] and facts["stage_dupes"] == 0 and len(facts["versions"]) == 2
+    assert "Traceback" not in finished.stdout + uninterrupted.stdout
 
 
 def test_corrupted_training_data_is_not_promoted(prefect_api, tiny_base, rsi_home) -> None:
-    """The documented test switch shuffles answers; the gate rejects and the decision is stored."""
+    """On a fixed seed: the clean candidate is promoted, the one trained on shuffled answers is rejected,
+    and the decision is stored."""
     from rsi.config import get_settings
     from rsi.store import open_store
     from rsi.store.schema import DatasetRow, Generation, StageRun
 
     seed_home(rsi_home, tiny_base)
-    summaries, _ = run_tiny(1, corrupt_training_data=True)
+    clean, _ = run_tiny(1, lineage="clean", **PROMOTING)
+    assert clean[0]["gate"] == "promoted", clean[0]["reasons"]
+    summaries, _ = run_tiny(1, lineage="corrupt", corrupt_training_data=True, **PROMOTING)
     assert summaries[0]["gate"] == "rejected"
     store = open_store(get_settings().db_url)
     with store.session() as db:
-        assert db.scalars(select(Generation)).one().status == "rejected"
-        assert db.scalars(select(DatasetRow)).one().filters["corrupted"] is True
-        decision = db.scalars(select(StageRun).where(StageRun.stage == "evaluate")).one().result["decision"]
+        gen = db.scalars(select(Generation).where(Generation.lineage == "corrupt")).one()
+        assert gen.status == "rejected"
+        assert db.scalars(select(DatasetRow).where(DatasetRow.lineage == "corrupt")).one().filters["corrupted"] is True
+        decision = db.scalars(select(StageRun).where(StageRun.stage == "evaluate",
+                                                     StageRun.generation_id == gen.id)).one().result["decision"]
         assert decision["promote"] is False and decision["reasons"]
     store.dispose()
 

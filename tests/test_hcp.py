@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rsi.errors import UserError
-from rsi.hcp import load_harness
-from rsi.parsers import parse_reversed_digits
+from rsi.hcp import CONTRACT_RULES, load_harness
+from rsi.parsers import PARSERS, get_parser, parse_integer, parse_reversed_digits
+from rsi.store import open_store
+from rsi.store.harnesses import lock_harness, locked_hash
 
 from .conftest import REPO
 
@@ -75,7 +80,7 @@ def test_unknown_parser_and_wrong_params(doc: Path) -> None:
 
 def test_unknown_contract_rule(doc: Path) -> None:
     edit(doc, '"answer_correct"]', '"answer_correct", "vibes"]')
-    with pytest.raises(UserError, match=r"field 'contract': unknown rules \['vibes'\]"):
+    with pytest.raises(UserError, match=r"field 'contract.rules': unknown rules \['vibes'\]"):
         load_harness(doc)
 
 
@@ -138,3 +143,262 @@ def test_reversed_digits_parser() -> None:
     assert parsed.ok and parsed.extra == "1x"
     assert not parse_reversed_digits("57a0", width=4).ok
     assert not parse_reversed_digits("57", width=4).ok
+
+
+# ---- documents as untrusted input (issue 8, item 4) -----------------------------------------------
+
+
+@pytest.fixture
+def doc2(tmp_path: Path) -> Path:
+    """A writable copy of harness_versions/addition/v2 (contract version 2)."""
+    dest = tmp_path / "h2"
+    shutil.copytree(REPO / "harness_versions/addition/v2", dest)
+    return dest
+
+
+def _absolute_template(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'template = "templates/prompt.j2"', f'template = "{doc / "templates/prompt.j2"}"')
+    return doc / "hcp.toml", "is absolute"
+
+
+def _dotdot_template(doc: Path) -> tuple[Path, str]:
+    (doc.parent / "outside.j2").write_text("{{ task.a }}+{{ task.b }}=")
+    edit(doc, 'template = "templates/prompt.j2"', 'template = "templates/../../outside.j2"')
+    return doc / "hcp.toml", "contains '..'"
+
+
+def _symlink_out(doc: Path) -> tuple[Path, str]:
+    (doc.parent / "outside.j2").write_text("{{ task.a }}+{{ task.b }}=")
+    (doc / "templates/prompt.j2").unlink()
+    (doc / "templates/prompt.j2").symlink_to(doc.parent / "outside.j2")
+    return doc / "hcp.toml", "outside the harness folder"
+
+
+def _unknown_family(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'family = "addition"', 'family = "subtraction"')
+    return doc / "hcp.toml", "known families: addition"
+
+
+def _negative_width(doc: Path) -> tuple[Path, str]:
+    edit(doc, "params = { width = 11 }", "params = { width = -1 }")
+    return doc / "hcp.toml", "greater than or equal to 1"
+
+
+def _bad_tool_schema(doc: Path) -> tuple[Path, str]:
+    edit(doc, "[contract]", '[[tools]]\nname = "calc"\nparameters = { type = "object", properties = 3 }\n\n[contract]')
+    return doc / "hcp.toml", "not a valid JSON Schema"
+
+
+def _render_time_failure(doc: Path) -> tuple[Path, str]:
+    (doc / "templates/prompt.j2").write_text("{{ task.a // 0 }}=")
+    return doc / "templates/prompt.j2", "ZeroDivisionError"
+
+
+def _missing_payload_key(doc: Path) -> tuple[Path, str]:
+    (doc / "templates/prompt.j2").write_text("{{ task.a }}+{{ task.missing_key }}=")
+    return doc / "templates/prompt.j2", "missing_key"
+
+
+def _no_rules(doc: Path) -> tuple[Path, str]:
+    text = (doc / "hcp.toml").read_text()
+    (doc / "hcp.toml").write_text(text[: text.index("rules = [")] + "rules = []\n")
+    return doc / "hcp.toml", "passes every trajectory"
+
+
+def _missing_required_rule(doc: Path) -> tuple[Path, str]:
+    edit(doc, '    "messages_allowed",\n', "")
+    return doc / "hcp.toml", "missing required rules ['messages_allowed']"
+
+
+def _chat_mode(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'mode = "completion"', 'mode = "chat"')
+    return doc / "hcp.toml", "not supported yet"
+
+
+def _missing_model_dir(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'base = "builtin"', 'base = "models/nowhere"')
+    return doc / "hcp.toml", "neither 'builtin' nor an existing directory"
+
+
+# name -> (break the v2 copy; returns the file the error must name and a phrase it must hold), field named
+BAD = {
+    "absolute_template": (_absolute_template, "prompt.template"),
+    "dotdot_template": (_dotdot_template, "prompt.template"),
+    "symlink_out": (_symlink_out, "prompt.template"),
+    "unknown_family": (_unknown_family, "family"),
+    "negative_width": (_negative_width, "answer.params.width"),
+    "bad_tool_schema": (_bad_tool_schema, "tools[0].parameters"),
+    "render_time_failure": (_render_time_failure, "prompt.template"),
+    "missing_payload_key": (_missing_payload_key, "prompt.template"),
+    "no_rules": (_no_rules, "contract.rules"),
+    "missing_required_rule": (_missing_required_rule, "contract.rules"),
+    "chat_mode": (_chat_mode, "prompt.mode"),
+    "missing_model_dir": (_missing_model_dir, "model.base"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_document_names_file_field_and_fix(doc2: Path, case: str) -> None:
+    breaker, field = BAD[case]
+    file, phrase = breaker(doc2)
+    with pytest.raises(UserError) as exc:
+        load_harness(doc2)
+    msg = str(exc.value)
+    assert str(file) in msg and f"field '{field}'" in msg and phrase in msg, msg
+
+
+@pytest.mark.parametrize("case", ["absolute_template", "symlink_out", "unknown_family", "negative_width",
+                                  "render_time_failure", "no_rules", "chat_mode"])
+def test_cli_refuses_bad_document_with_exit_2(doc2: Path, case: str) -> None:
+    breaker, field = BAD[case]
+    file, phrase = breaker(doc2)
+    result = subprocess.run([sys.executable, "-m", "rsi", "harness", "validate", str(doc2)], capture_output=True,
+                            text=True, cwd=REPO, env=dict(os.environ), timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert str(file) in result.stderr and field in result.stderr and phrase in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_render_failure_names_the_task(doc2: Path) -> None:
+    _render_time_failure(doc2)
+    with pytest.raises(UserError, match=r"cannot render addition task task-[0-9a-f]+ \(train split, seed 0, level 1, "
+                                        r"index \d+, payload \{\"a\": \d+, \"b\": \d+\}\): ZeroDivisionError"):
+        load_harness(doc2)
+
+
+def test_a_level_the_format_cannot_pose_is_not_an_error(doc2: Path) -> None:
+    edit(doc2, "width = 10", "width = 1")  # levels 2.. do not fit one digit: a ceiling, not a broken template
+    harness = load_harness(doc2)
+    assert harness.prompt({"a": 3, "b": 4}) == "3+4="
+    with pytest.raises(UserError, match="does not fit 1 unsigned digits"):
+        harness.prompt({"a": 30, "b": 4})
+
+
+def test_a_level_that_renders_only_in_part_is_an_error(doc2: Path) -> None:
+    from rsi.hcp import SAMPLE_SEED, SAMPLE_TASKS
+    from rsi.tasks import get_family
+
+    a = get_family("addition").tasks("train", SAMPLE_SEED, 2, SAMPLE_TASKS)[0].payload["a"]
+    template = "{% if task.a == A %}{{ task.nope }}{% endif %}{{ task.a }}=".replace("A", str(a))
+    (doc2 / "templates/prompt.j2").write_text(template)
+    with pytest.raises(UserError, match=r"level 2, .*UndefinedError.* of \d sample tasks of this level render: a "
+                                        r"level must render for all its tasks or none"):
+        load_harness(doc2)
+
+
+def test_symlink_inside_the_folder_is_fine(doc2: Path) -> None:
+    (doc2 / "templates/real.j2").write_text((doc2 / "templates/prompt.j2").read_text())
+    (doc2 / "templates/prompt.j2").unlink()
+    (doc2 / "templates/prompt.j2").symlink_to(doc2 / "templates/real.j2")
+    assert load_harness(doc2).prompt({"a": 12, "b": 345}) == "2100000000+5430000000="
+
+
+def test_tool_schema_must_be_a_local_object_schema(doc2: Path) -> None:
+    edit(doc2, "[contract]", '[[tools]]\nname = "calc"\nparameters = { type = "string" }\n\n[contract]')
+    with pytest.raises(UserError, match=r"field 'tools\[0\].parameters': tool arguments are a JSON object"):
+        load_harness(doc2)
+    edit(doc2, 'parameters = { type = "string" }', 'parameters = { type = "object", "$ref" = "https://x.test/s" }')
+    with pytest.raises(UserError, match=r"field 'tools\[0\].parameters': \$ref 'https://x.test/s' is not local"):
+        load_harness(doc2)
+    edit(doc2, '"$ref" = "https://x.test/s"', 'properties = { x = { type = "integer" } }')
+    assert load_harness(doc2).document.tools[0].name == "calc"
+
+
+def test_parser_params_are_typed(doc2: Path) -> None:
+    edit(doc2, "params = { width = 11 }", 'params = { width = "11" }')
+    with pytest.raises(UserError, match=r"field 'answer.params.width': Input should be a valid integer"):
+        load_harness(doc2)
+    edit(doc2, 'params = { width = "11" }', "params = { width = 11, base = 2 }")
+    with pytest.raises(UserError, match=r"field 'answer.params.base': unknown key; expected one of: width"):
+        load_harness(doc2)
+    edit(doc2, 'parser = "reversed_digits"', 'parser = "integer"')
+    edit(doc2, "params = { width = 11, base = 2 }", "params = { width = 11 }")
+    with pytest.raises(UserError, match=r"'answer.params.width': unknown key; expected one of: none \(parser 'integer"):
+        load_harness(doc2)
+
+
+def test_contract_rules_duplicates_and_versions(doc2: Path) -> None:
+    edit(doc2, '    "answer_correct",\n]', '    "answer_correct",\n    "limits",\n]')
+    with pytest.raises(UserError, match=r"field 'contract.rules': rules \['limits'\] listed more than once"):
+        load_harness(doc2)
+    edit(doc2, '    "limits",\n]', "]")
+    edit(doc2, 'version = "2"', 'version = "7"')
+    with pytest.raises(UserError, match=r"field 'contract.version': unknown contract version '7'; expected one of 1, "):
+        load_harness(doc2)
+
+
+def test_require_stop_needs_the_stopped_rule(doc2: Path) -> None:
+    edit(doc2, '    "stopped",\n', "")
+    with pytest.raises(UserError, match=r"require_stop = true but contract.rules lacks 'stopped'"):
+        load_harness(doc2)
+    edit(doc2, "require_stop = true", "require_stop = false")
+    assert not load_harness(doc2).document.answer.require_stop
+
+
+def test_model_base_must_hold_a_hugging_face_model(doc2: Path) -> None:
+    (doc2 / "model").mkdir()
+    edit(doc2, 'base = "builtin"', 'base = "model"')
+    with pytest.raises(UserError, match=r"field 'model.base': .*holds no config.json"):
+        load_harness(doc2)
+    (doc2 / "model/config.json").write_text("{}")
+    assert load_harness(doc2).base_model_dir == (doc2 / "model").resolve()
+    edit(doc2, 'adapter = "lineage"', 'adapter = "/some/dir"')
+    with pytest.raises(UserError, match=r"field 'model.adapter': Input should be 'lineage' or 'none'"):
+        load_harness(doc2)
+
+
+def test_v1_is_a_loadable_legacy_contract_and_v2_renders_the_same_prompt() -> None:
+    v1, v2 = load_harness(REPO / "harness_versions/addition/v1"), load_harness(REPO / "harness_versions/addition/v2")
+    assert v1.contract_version == "1" and "legacy" in v1.warnings[0] and "messages_allowed" in v1.warnings[0]
+    assert v2.warnings == () and v2.contract_version == "2" and v2.document.answer.require_stop
+    assert v2.document.contract.rules == CONTRACT_RULES
+    assert v2.sources == v1.sources and v2.hash != v1.hash
+    for payload in ({"a": 0, "b": 0}, {"a": 12, "b": 345}, {"a": 9_999_999_999, "b": 1}):
+        assert v2.prompt(payload) == v1.prompt(payload)
+        assert v2.prompt_messages(payload) == [("user", v1.prompt(payload))]
+
+
+def test_system_template_comes_first_in_messages_and_prompt(doc2: Path) -> None:
+    (doc2 / "templates/system.j2").write_text("Add {{ vars.width }}-digit numbers.{{ '\\n' }}\n")
+    edit(doc2, 'mode = "completion"', 'mode = "completion"\nsystem_template = "templates/system.j2"')
+    harness = load_harness(doc2)
+    messages = harness.prompt_messages({"a": 12, "b": 345})
+    assert messages == [("system", "Add 10-digit numbers.\n"), ("user", "2100000000+5430000000=")]
+    assert messages[0].role == "system"
+    assert harness.prompt({"a": 12, "b": 345}) == "Add 10-digit numbers.\n2100000000+5430000000="
+
+
+def test_parsers_accept_ascii_digits_only_and_never_raise() -> None:
+    for text in ("57²0", "٣٣٣٣", "５７００"):
+        parsed = parse_reversed_digits(text, width=4)
+        assert not parsed.ok and "non-ASCII digit" in parsed.error
+    for text in ("²", "٣٣", "５", "-٣"):
+        assert not parse_integer(text).ok and "non-ASCII digit" in parse_integer(text).error
+    assert parse_integer("12²").extra == "²"  # the answer stops at the last ASCII digit
+    for text in ("", "-", "²³", "\x00", "9" * 5000, "-" + "1" * 5000, "𝟗𝟗"):
+        assert isinstance(parse_integer(text).ok, bool)
+        assert isinstance(parse_reversed_digits(text, width=11).ok, bool)
+    assert get_parser("reversed_digits") is parse_reversed_digits and PARSERS["integer"][0] is parse_integer
+
+
+def test_lock_keeps_a_used_harness_version_immutable(db_url: str, doc2: Path) -> None:
+    store = open_store(db_url)
+    harness = load_harness(doc2)
+    with store.session() as s:
+        assert locked_hash(s, harness.id) is None
+        lock_harness(s, harness)
+    with store.session() as s:
+        lock_harness(s, load_harness(doc2))  # the same content again: fine
+        assert locked_hash(s, "addition/v2") == harness.hash
+    edit(doc2, "temperature = 1.0", "temperature = 0.5")
+    edited = load_harness(doc2)
+    with pytest.raises(UserError) as exc, store.session() as s:
+        lock_harness(s, edited)
+    msg = str(exc.value)
+    assert msg.startswith(f"harness addition/v2 ({doc2 / 'hcp.toml'}) was first used with hash {harness.hash[:12]}… "
+                          f"and now hashes to {edited.hash[:12]}…")
+    assert "(changed: decoding)" in msg and "a used harness version is immutable" in msg
+    assert f"e.g. {doc2.parent / 'v3'}" in msg and "bump `version`" in msg
+    with store.session() as s:
+        assert locked_hash(s, "addition/v2") == harness.hash
+    store.dispose()

@@ -20,17 +20,17 @@ def test_digests_are_the_same_bytes_everywhere() -> None:
     pair = Pair(base_model_hash="b", adapter_hash=None, harness_id="addition/v1", harness_hash="h")
     assert pair.id == "pair-" + digest(pair.model_dump(mode="json"))[:24]
     assert pair.id == Pair(**pair.model_dump()).id
-    task = Task(family="addition", level=2, seed=0, index=3, payload={"a": 12, "b": 34}, answer=46)
+    task = Task(family="addition", split="train", level=2, seed=0, index=3, payload={"a": 12, "b": 34}, answer=46)
     assert task.id == Task.model_validate_json(task.model_dump_json()).id
     assert task.id != task.model_copy(update={"index": 4}).id
 
 
 def test_models_are_frozen_and_strict() -> None:
-    task = Task(family="addition", level=1, seed=0, index=0, payload={"a": 1, "b": 2}, answer=3)
+    task = Task(family="addition", split="train", level=1, seed=0, index=0, payload={"a": 1, "b": 2}, answer=3)
     with pytest.raises(pydantic.ValidationError):
         task.level = 2  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError):
-        Task(family="addition", level=0, seed=0, index=0, payload={}, answer=0)
+        Task(family="addition", split="train", level=0, seed=0, index=0, payload={}, answer=0)
     with pytest.raises(pydantic.ValidationError):
         Message(role="robot", content="hi")  # type: ignore[arg-type]
 

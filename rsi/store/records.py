@@ -32,10 +32,10 @@ def _add_new(session: Session, rows: list[Base], key: Any, column: Any) -> int:
     return len(fresh)
 
 
-def put_tasks(session: Session, tasks: Iterable[Task], split: str = "train") -> int:
+def put_tasks(session: Session, tasks: Iterable[Task]) -> int:
     rows = [
         TaskRow(id=t.id, family=t.family, family_version=t.family_version, level=t.level, seed=t.seed,
-                index=t.index, split=split, payload=t.payload, answer=t.answer)
+                index=t.index, split=t.split, payload=t.payload, answer=t.answer)
         for t in tasks
     ]
     return _add_new(session, rows, lambda r: r.id, TaskRow.id)
@@ -81,7 +81,7 @@ def put_verdicts(session: Session, verdicts: Iterable[Verdict]) -> int:
 
 
 def task_from_row(row: TaskRow) -> Task:
-    return Task(family=row.family, family_version=row.family_version, level=row.level, seed=row.seed,
+    return Task(family=row.family, family_version=row.family_version, split=row.split, level=row.level, seed=row.seed,
                 index=row.index, payload=row.payload, answer=row.answer)
 
 

@@ -178,13 +178,31 @@ class EvaluationRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class HarnessRow(Base):
+    """A harness version locked to its content hash at first use: the same id@version never changes."""
+
+    __tablename__ = "rsi_harnesses"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # "<id>/<version>"
+    hash: Mapped[str] = mapped_column(String(64))
+    document: Mapped[dict[str, Any]]
+    sources: Mapped[dict[str, Any]]
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Lease(Base):
-    """Who runs a lineage now. A lease whose heartbeat is older than its ttl may be taken over."""
+    """Who runs a lineage now. A lease whose heartbeat is older than its ttl may be taken over.
+
+    ``token`` is a fencing token: it grows by one with every acquisition, and every stage write checks it,
+    so a run that lost its lease (its heartbeat stalled and another run took over) cannot write again.
+    The row stays after release (holder '') so the token keeps growing."""
 
     __tablename__ = "rsi_leases"
 
     lineage: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(128))
+    token: Mapped[int] = mapped_column(default=0, server_default="0")
     acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
     ttl_s: Mapped[int] = mapped_column(default=120)
