@@ -37,7 +37,7 @@ from prefect.artifacts import update_progress_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from sqlalchemy import select as sql_select  # noqa: E402
 
-from rsi.audit import audit  # noqa: E402
+from rsi.audit import audit, prompt_text  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
 from rsi.cycle import Champion, CycleConfig, LineageRun, fault_point, keep_alive  # noqa: E402
 from rsi.execute import rollout, sampling_params  # noqa: E402
@@ -167,11 +167,12 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
                 VerdictRow.trajectory_id.in_(executed["ids"]), VerdictRow.passed,
                 VerdictRow.harness_hash == run.harness.hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
-                                prompt=model_input(t), completion=t.completion, passed=t.id in passed)
+                                prompt=prompt_text(t), completion=t.completion, passed=t.id in passed)
                       for t in trajectories]
         dataset = select(candidates, replay_examples(run, gen), run.config.selection,
                          frontier_levels=set(found["frontier_levels"]), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data
+        dataset = dataset.model_copy(update={"corrupted": corrupted})  # its own digest: never mistaken for clean
         with run.write() as s:
             if s.get(DatasetRow, dataset.digest) is None:
                 s.add(DatasetRow(digest=dataset.digest, lineage=run.config.lineage, generation_id=gen.id,
@@ -187,16 +188,6 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
     return run.run_stage(gen, "select", {"audit": audited, "trajectories": executed["ids"]}, body, events)
 
 
-def model_input(trajectory: Trajectory) -> str:
-    """What the model read before its reply: the prompt messages' contents in order (completion mode)."""
-    prompt = []
-    for message in trajectory.messages:
-        if message.role == "assistant":
-            break
-        prompt.append(message.content)
-    return "".join(prompt)
-
-
 def load_dataset(run: LineageRun, dataset_digest: str) -> tuple[Dataset, bool]:
     """A stored selection as training examples, read from the stored trajectories (prompt and completion
     exactly as sampled), and whether the test switch marked it corrupted."""
@@ -206,10 +197,10 @@ def load_dataset(run: LineageRun, dataset_digest: str) -> tuple[Dataset, bool]:
                                .order_by(DatasetItem.position)))
         sources, corrupted = row.filters["sources"], bool(row.filters.get("corrupted"))
     trajectories, tasks = load_trajectories(run, [i.trajectory_id for i in items])
-    examples = tuple(Example(trajectory_id=t.id, level=tasks[t.task_id].level, prompt=model_input(t),
+    examples = tuple(Example(trajectory_id=t.id, level=tasks[t.task_id].level, prompt=prompt_text(t),
                              completion=t.completion, source=source)
                      for t, source in zip(trajectories, sources, strict=True))
-    return Dataset(examples=examples), corrupted
+    return Dataset(examples=examples, corrupted=corrupted), corrupted
 
 
 def replay_examples(run: LineageRun, gen: Generation) -> list[Example]:
@@ -228,7 +219,8 @@ def corrupt(dataset: Dataset, seed: int) -> Dataset:
     rng = random.Random(seed)
     answers = [e.completion for e in dataset.examples]
     rng.shuffle(answers)
-    return Dataset(examples=tuple(e.model_copy(update={"completion": a}) for e, a in zip(dataset.examples, answers)))
+    return dataset.model_copy(update={"examples": tuple(e.model_copy(update={"completion": a})
+                                                        for e, a in zip(dataset.examples, answers))})
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -71,7 +71,9 @@ class CycleConfig(BaseModel):
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "demo": {},
+    # base seed 2: of seeds 0-2 of the default recipe, the base whose level 4 generalizes best (greedy 0.84 vs
+    # 0.61 / 0.45; seed 0's lineage stalled at level 6). Measured in issue 8's note.
+    "demo": {"base_recipe": {"seed": 2}},
     # a whole cycle in a minute or two of CPU: for tests and smoke runs, not for measuring improvement
     "tiny": {
         # partly able at levels 1-2 (greedy ~0.2-0.3), so a tiny generation has verified samples to learn from

@@ -56,10 +56,12 @@ class Dataset(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     examples: tuple[Example, ...]
+    corrupted: bool = Field(False, description="TEST SWITCH: trained on shuffled answers (a different dataset)")
 
     @property
     def digest(self) -> str:
-        return digest([[e.trajectory_id, e.source] for e in self.examples])
+        items = [[e.trajectory_id, e.source] for e in self.examples]
+        return digest({"items": items, "corrupted": True} if self.corrupted else items)
 
     def pool(self, source: str) -> list[Example]:
         return [e for e in self.examples if e.source == source]
