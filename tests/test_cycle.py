@@ -296,6 +296,8 @@ def lineage_facts(home: Path) -> dict:
 KILL_POINTS = ["2:start", "2:discover", "2:execute", "2:audit", "2:select", "2:train", "2:evaluate", "2:register"]
 
 
+@pytest.mark.skip(reason="written in the issue 8 session, not yet run to completion there; the next session runs "
+                         "and fixes it before enabling (see that session's note)")
 def test_kill_9_anywhere_then_rerun_ends_like_an_uninterrupted_run(tiny_base, tmp_path) -> None:
     """SIGKILL at 8 points (between generations 1 and 2, and after each stage's work of generation 2, before its
     result is stored), each time resuming the same RSI_HOME: the lineage ends exactly as an uninterrupted run."""
