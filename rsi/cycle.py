@@ -71,8 +71,8 @@ class CycleConfig(BaseModel):
 
 
 PROFILES: dict[str, dict[str, Any]] = {
-    # base seed 2: of seeds 0-2 of the default recipe, the base whose level 4 generalizes best (greedy 0.84 vs
-    # 0.61 / 0.45; seed 0's lineage stalled at level 6). Measured in issue 8's note.
+    # base seed 2: the base's climb depends on its seed (seed 0's lineage stalled at level 6 in the issue 8
+    # session); `rsi base build` prints this base's per-level accuracy (level 4 greedy 0.84 when measured).
     "demo": {"base_recipe": {"seed": 2}},
     # a whole cycle in a minute or two of CPU: for tests and smoke runs, not for measuring improvement
     "tiny": {
