@@ -26,7 +26,9 @@ seeds: per level the mean and a 95 % t-interval for the mean over seeds (with on
 interval). The label_free rounds also report how many kept labels were right (checked after selection,
 for the report only). Prints a level x arm table and writes JSON.
 
-    .venv/bin/python bench/improvement.py --seeds 3 [--generations 8] [--profile demo] [--out PATH]
+    .venv/bin/python bench/improvement.py --seeds 3 [--generations 8] [--profile demo] [--out PATH] [--resume]
+
+Each finished seed is written to ``<out>.partial.json``; ``--resume`` keeps those and runs the rest.
 """
 
 from __future__ import annotations
@@ -232,7 +234,10 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--profile", default="demo")
     parser.add_argument("--out", default=str(REPO / "bench/results/improvement.json"))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the seeds already finished in --out's partial file (same profile and generations)")
     args = parser.parse_args()
+    partial = Path(args.out).with_suffix(".partial.json")
 
     root = Path(tempfile.mkdtemp(prefix="rsi-bench-improvement-"))
     os.environ["RSI_HOME"] = str(root / "home")  # one state DB; each seed is its own lineage in it
@@ -245,7 +250,17 @@ def main() -> None:
     base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**config.base_recipe))  # built once, shared
     shutil.copytree(base, root / "home" / "models" / base.name)
 
-    per_seed = [run_seed(args.profile, s, args.generations, root) for s in range(args.seeds)]
+    per_seed = []
+    if args.resume and partial.exists():
+        done = json.loads(partial.read_text())
+        if (done["profile"], done["generations"]) == (args.profile, args.generations):
+            per_seed = [s for s in done["per_seed"] if s["seed"] < args.seeds]
+            for s in per_seed:  # JSON keys are strings; the tables index levels by int
+                s["scores"] = {arm: {int(k): v for k, v in levels.items()} for arm, levels in s["scores"].items()}
+            print(f"resuming: seeds {[s['seed'] for s in per_seed]} already finished in {partial}")
+    for s in range(len(per_seed), args.seeds):
+        per_seed.append(run_seed(args.profile, s, args.generations, root))
+        partial.write_text(json.dumps({"profile": args.profile, "generations": args.generations, "per_seed": per_seed}))
     levels = sorted(per_seed[0]["scores"]["base"])
     summary = {arm: {lvl: across_seeds(per_seed, arm, lvl) for lvl in levels} for arm in ARMS}
 
@@ -266,6 +281,7 @@ def main() -> None:
               "per_seed": per_seed, "mean": summary, "wall_seconds": seconds, "cpus": os.cpu_count()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
+    partial.unlink(missing_ok=True)
     print(f"wrote {args.out}")
 
 

@@ -247,8 +247,7 @@ def test_bad_document_names_file_field_and_fix(doc2: Path, case: str) -> None:
     assert str(file) in msg and f"field '{field}'" in msg and phrase in msg, msg
 
 
-@pytest.mark.parametrize("case", ["absolute_template", "symlink_out", "unknown_family", "negative_width",
-                                  "render_time_failure", "no_rules", "chat_mode"])
+@pytest.mark.parametrize("case", BAD)
 def test_cli_refuses_bad_document_with_exit_2(doc2: Path, case: str) -> None:
     breaker, field = BAD[case]
     file, phrase = breaker(doc2)
