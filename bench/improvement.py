@@ -268,10 +268,10 @@ def main() -> None:
     print(f"\nrounds per seed {rounds} x {config.train.steps} steps, every trained arm; greedy accuracy on the test "
           f"split, n={config.eval_n} per level; mean over {args.seeds} seed(s) "
           f"[{summary['base'][levels[0]]['interval']}]")
-    print(f"{'level':>5} " + " ".join(f"{arm:>19}" for arm in ARMS))
+    print(f"{'level':>5} " + " ".join(f"{arm:>21}" for arm in ARMS))
     for lvl in levels:
         cells = (summary[arm][lvl] for arm in ARMS)
-        print(f"{lvl:>5} " + " ".join(f"{c['mean']:>7.3f} [{c['low']:.2f},{c['high']:.2f}]" for c in cells))
+        print(f"{lvl:>5} " + " ".join(f"{c['mean']:>7.3f} [{c['low']:.3f},{c['high']:.3f}]" for c in cells))
     seconds = {arm: sum(s["train_seconds"].get(arm, 0.0) + s["eval_seconds"][arm] for s in per_seed) for arm in ARMS}
     print("wall seconds (train + test eval, all seeds): " + ", ".join(f"{a} {v:.0f}" for a, v in seconds.items()))
 

@@ -253,10 +253,10 @@ def eval_cmd(
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
-    from rsi.cycle import REPO, load_config
+    from rsi.cycle import load_config
     from rsi.errors import UserError
     from rsi.evaluate import evaluate, expressible
-    from rsi.hcp import load_harness
+    from rsi.hcp import load_harness, resolve_harness
     from rsi.models import Pair
     from rsi.tasks import get_family
     from rsi.train import adapter_hash
@@ -271,7 +271,7 @@ def eval_cmd(
         adapter = champion_adapter(lineage)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
-    harness = load_harness(REPO / config.harness)
+    harness = load_harness(resolve_harness(config.harness))
     base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)
@@ -316,6 +316,8 @@ def run_cmd(
     seed: int | None = typer.Option(None, "--seed"),
     profile: str = PROFILE,
     backend: str | None = typer.Option(None, "--backend", help="hf (in process, default) or openai (vLLM server)"),
+    harness: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/v2) or directory; "
+                                                                  "default: the family's newest shipped version"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -326,7 +328,7 @@ def run_cmd(
     from rsi.cycle import latest_harness, load_config
 
     config = load_config(profile, lineage=lineage or family, family=family, seed=seed,
-                         harness=latest_harness(family), backend=backend,
+                         harness=harness or latest_harness(family), backend=backend,
                          corrupt_training_data=corrupt_training_data or None)
     from flows.cycle import run_lineage
 

@@ -29,7 +29,7 @@ from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, expressible
 from rsi.gate import GateSpec
 from rsi.hashing import digest
-from rsi.hcp import Harness, load_harness
+from rsi.hcp import Harness, load_harness, resolve_harness
 from rsi.models import Pair
 from rsi.select import SelectionSpec
 from rsi.store import Store, open_store
@@ -87,13 +87,10 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def latest_harness(family: str) -> str:
-    """The newest shipped harness version of ``family`` (``harness_versions/<family>/v<N>``, highest N)."""
-    versions = [p.parent for p in (REPO / "harness_versions" / family).glob("v*/hcp.toml")]
-    numbered = [(int(v.name[1:]), v) for v in versions if v.name[1:].isdigit()]
-    if not numbered:
-        raise UserError(f"no harness for family {family!r} under {REPO / 'harness_versions' / family}; "
-                        "add harness_versions/<family>/v1/hcp.toml")
-    return str(max(numbered)[1].relative_to(REPO))
+    """The newest shipped harness version of ``family``: ``harness_versions/<family>/v<N>``, highest N."""
+    from rsi.hcp import resolve_harness, shipped_harnesses
+
+    return str(resolve_harness(family).relative_to(shipped_harnesses().parent))
 
 
 def load_config(profile: str = "demo", **overrides: Any) -> CycleConfig:
@@ -120,8 +117,7 @@ class LineageRun:
         self.config = config
         self.settings = settings
         self.store = store or open_store(settings.db_url)
-        harness_path = Path(config.harness)
-        self.harness: Harness = load_harness(harness_path if harness_path.is_absolute() else REPO / harness_path)
+        self.harness: Harness = load_harness(resolve_harness(config.harness))
         self.family: TaskFamily = get_family(config.family)
         if self.harness.document.family != self.family.name:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "

@@ -469,6 +469,30 @@ def _check_renders(path: Path, harness: Harness) -> None:
         )
 
 
+def shipped_harnesses() -> Path:
+    """The folder of the harness versions rsi ships (package data; the checkout's ``harness_versions/``)."""
+    import harness_versions
+
+    return Path(harness_versions.__file__).resolve().parent
+
+
+def resolve_harness(ref: str | Path) -> Path:
+    """The harness version directory ``ref`` names: a directory (or its hcp.toml), a shipped id such as
+    ``addition/v2``, ``harness_versions/addition/v2``, or a family alone (its newest shipped version ``v<N>``)."""
+    shipped = shipped_harnesses()
+    text = str(ref)
+    for candidate in (Path(ref), shipped / text, shipped.parent / text):
+        if (candidate / "hcp.toml").is_file() or (candidate.name == "hcp.toml" and candidate.is_file()):
+            return (candidate.parent if candidate.name == "hcp.toml" else candidate).resolve()
+    numbered = [(int(p.parent.name[1:]), p.parent) for p in (shipped / text).glob("v*/hcp.toml")
+                if p.parent.name[1:].isdigit()] if "/" not in text and text not in ("", ".", "..") else []
+    if numbered:
+        return max(numbered)[1]
+    known = sorted(f"{p.parent.parent.name}/{p.parent.name}" for p in shipped.glob("*/*/hcp.toml"))
+    raise UserError(f"harness {text!r}: not a directory holding hcp.toml, nor a shipped harness id or family; "
+                    f"shipped: {', '.join(known) or 'none'}. Pass a harness directory or one of those ids")
+
+
 def load_harness(path: str | Path) -> Harness:
     """Load and validate a harness version; every problem is a ``UserError`` naming file and field."""
     file = _resolve(Path(path))

@@ -401,3 +401,35 @@ def test_lock_keeps_a_used_harness_version_immutable(db_url: str, doc2: Path) ->
     with store.session() as s:
         assert locked_hash(s, "addition/v2") == harness.hash
     store.dispose()
+
+
+# ---- shipped harness versions: found by id or family, packaged with rsi ---------------------------------
+
+def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) -> None:
+    from rsi.hcp import resolve_harness, shipped_harnesses
+
+    v2 = shipped_harnesses() / "addition/v2"
+    assert resolve_harness("addition/v2") == v2
+    assert resolve_harness("addition") == v2  # the newest v<N>
+    assert resolve_harness("harness_versions/addition/v1") == shipped_harnesses() / "addition/v1"
+    copy = tmp_path / "mine"
+    shutil.copytree(v2, copy)
+    assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
+    for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
+        with pytest.raises(UserError, match=r"shipped: addition/v1, addition/v2\. Pass a harness directory"):
+            resolve_harness(bad)
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_every_harness_version(tmp_path: Path) -> None:
+    """A non-editable install finds the harness versions: they are package data of the wheel."""
+    import zipfile
+
+    source = tmp_path / "src"  # a copy: a build in the checkout would leave build/ behind, stale for the next
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "bench"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(source)], check=True, timeout=600, capture_output=True)
+    names = set(zipfile.ZipFile(next(tmp_path.glob("rsi-*.whl"))).namelist())
+    shipped = {str(p.relative_to(REPO)) for p in (REPO / "harness_versions").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped and shipped <= names, sorted(shipped - names)
