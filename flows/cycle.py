@@ -22,7 +22,7 @@ from typing import Any
 
 from rsi.config import get_settings
 
-os.environ.setdefault("PREFECT_HOME", str(get_settings().prefect_dir))
+get_settings().configure_prefect()  # a configured server or profile, else the ephemeral API in RSI_HOME
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry; it also locks SQLite

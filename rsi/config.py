@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 
 from pydantic import field_validator
@@ -18,6 +20,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     mlflow_tracking_uri: str | None = None
     prefect_home: Path | None = None
+    prefect_api_url: str | None = None  # a Prefect server (or Cloud workspace) API; unset: see prefect_api()
 
     @field_validator("home")
     @classmethod
@@ -44,7 +47,34 @@ class Settings(BaseSettings):
             "database_url": show(self.db_url),
             "mlflow_tracking_uri": show(self.mlflow_uri),
             "prefect_home": str(self.prefect_dir),
+            "prefect_api_url": self.prefect_api() or "ephemeral (an embedded API under prefect_home)",
         }
+
+    def prefect_api(self) -> str | None:
+        """The Prefect API rsi's flows report to: RSI_PREFECT_API_URL, else PREFECT_API_URL, else the active
+        Prefect profile's (PREFECT_PROFILE or the profiles file's ``active``); None: Prefect's ephemeral API,
+        kept under ``prefect_home``."""
+        if self.prefect_api_url or os.environ.get("PREFECT_API_URL"):
+            return self.prefect_api_url or os.environ["PREFECT_API_URL"]
+        default = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser() / "profiles.toml"
+        path = Path(os.environ.get("PREFECT_PROFILES_PATH", default)).expanduser()
+        try:
+            profiles = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None  # no profiles file (or one Prefect itself would refuse): nothing configured
+        active = os.environ.get("PREFECT_PROFILE") or profiles.get("active")
+        profile = profiles.get("profiles", {}).get(active, {}) if isinstance(profiles.get("profiles"), dict) else {}
+        url = profile.get("PREFECT_API_URL") if isinstance(profile, dict) else None
+        return url if isinstance(url, str) and url else None
+
+    def configure_prefect(self) -> None:
+        """Point Prefect at the configured API and leave ``PREFECT_HOME`` alone; with none, keep Prefect's
+        state (and its ephemeral API) in ``prefect_home``. Call before importing prefect."""
+        url = self.prefect_api()
+        if url:
+            os.environ["PREFECT_API_URL"] = url
+        else:
+            os.environ.setdefault("PREFECT_HOME", str(self.prefect_dir))
 
 
 def normalize_db_url(url: str) -> str:

@@ -33,13 +33,38 @@ def test_config_show_json(rsi_home: Path) -> None:
     result = rsi("config", "show", "--json", env=env)
     assert result.returncode == 0, result.stderr
     values = json.loads(result.stdout)
-    assert set(values) == {"home", "database_url", "mlflow_tracking_uri", "prefect_home"}
+    assert set(values) == {"home", "database_url", "mlflow_tracking_uri", "prefect_home", "prefect_api_url"}
     assert values["home"] == str(rsi_home)
     assert values["database_url"] == "postgresql+psycopg://alice:***@db.example:5432/rsi"
     assert values["mlflow_tracking_uri"] == f"sqlite:///{rsi_home / 'mlflow.db'}"
     assert values["prefect_home"] == str(rsi_home / "prefect")
     table = rsi("config", "show", env=env)
     assert table.returncode == 0 and "s3cret" not in table.stdout and "alice" in table.stdout
+
+
+def test_prefect_api_comes_from_rsi_env_or_the_active_profile_and_leaves_prefect_home_alone(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text('active = "server"\n[profiles.server]\nPREFECT_API_URL = "http://127.0.0.1:4200/api"\n'
+                        '[profiles.cloud]\nPREFECT_API_URL = "https://api.prefect.cloud/api/accounts/a/workspaces/w"\n'
+                        '[profiles.ephemeral]\n')
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    code = ("import os, json; from rsi.config import get_settings; s = get_settings(); import flows.cycle; "
+            "print(json.dumps([s.resolved()['prefect_api_url'], os.environ.get('PREFECT_HOME'), "
+            "os.environ.get('PREFECT_API_URL')]))")
+
+    def seen(**env: str) -> list:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                                env={**clean, "PREFECT_PROFILES_PATH": str(profiles), **env}, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.splitlines()[-1])
+
+    server, cloud = "http://127.0.0.1:4200/api", "https://api.prefect.cloud/api/accounts/a/workspaces/w"
+    assert seen() == [server, None, server]  # the profiles file's active profile
+    assert seen(PREFECT_PROFILE="cloud") == [cloud, None, cloud]
+    assert seen(PREFECT_API_URL="http://h:1/api") == ["http://h:1/api", None, "http://h:1/api"]
+    assert seen(RSI_PREFECT_API_URL="http://r:2/api", PREFECT_API_URL="http://h:1/api")[0] == "http://r:2/api"
+    ephemeral = seen(PREFECT_PROFILE="ephemeral")
+    assert ephemeral[0].startswith("ephemeral") and ephemeral[1] == str(Path(os.environ["RSI_HOME"]) / "prefect")
 
 
 def test_config_defaults(rsi_home: Path) -> None:
