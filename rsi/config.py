@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str | None = None
     prefect_home: Path | None = None
     prefect_api_url: str | None = None  # a Prefect server (or Cloud workspace) API; unset: see prefect_api()
+    engine_url: str | None = None  # a running OpenAI-compatible vLLM server; unset: rsi starts its own engine
+    engine_api_key: str | None = None
+    engine_model: str = "base"  # the name under which that server serves rsi's base model
 
     @field_validator("home")
     @classmethod
@@ -48,6 +51,8 @@ class Settings(BaseSettings):
             "mlflow_tracking_uri": show(self.mlflow_uri),
             "prefect_home": str(self.prefect_dir),
             "prefect_api_url": self.prefect_api() or "ephemeral (an embedded API under prefect_home)",
+            "engine_url": self.engine_url or "managed (rsi engine start, in home/engine)",
+            "engine_api_key": ("***" if mask else self.engine_api_key) if self.engine_api_key else "none",
         }
 
     def prefect_api(self) -> str | None:

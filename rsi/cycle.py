@@ -190,9 +190,14 @@ class LineageRun:
 
     @cached_property
     def backend(self):
-        """The generation backend; ``openai`` serves the base from the engine (started if it is not running)."""
+        """The generation backend; ``openai`` talks to ``RSI_ENGINE_URL`` when set (a running vLLM server that
+        serves rsi's base as ``RSI_ENGINE_MODEL`` and can read the adapter folders: they are loaded by path),
+        else to rsi's own engine, started if it is not running."""
         from rsi.backends import get_backend
 
+        if self.config.backend == "openai" and self.settings.engine_url:
+            return get_backend("openai", base_url=self.settings.engine_url, model=self.settings.engine_model,
+                               api_key=self.settings.engine_api_key, tokenizer_dir=self.base_dir)
         if self.config.backend == "openai":
             from rsi import engine
 

@@ -176,6 +176,27 @@ def test_resume_skips_finished_stages(prefect_api, tiny_base, rsi_home) -> None:
     store.dispose()
 
 
+def test_openai_backend_uses_an_external_engine_when_one_is_configured(tiny_base, rsi_home, monkeypatch) -> None:
+    """Wiring only (no server is contacted): with RSI_ENGINE_URL the openai backend talks to that server, under
+    RSI_ENGINE_MODEL with RSI_ENGINE_API_KEY, and rsi never starts its own engine."""
+    from rsi import engine
+    from rsi.config import get_settings
+    from rsi.cycle import LineageRun, load_config
+
+    seed_home(rsi_home, tiny_base)
+    monkeypatch.setenv("RSI_ENGINE_URL", "http://10.0.0.7:8000")
+    monkeypatch.setenv("RSI_ENGINE_API_KEY", "s3cret")
+    monkeypatch.setenv("RSI_ENGINE_MODEL", "rsi-base")
+    monkeypatch.setattr(engine, "start", lambda *a, **k: pytest.fail("started an engine despite RSI_ENGINE_URL"))
+    run = LineageRun(load_config("tiny", backend="openai"), get_settings())
+    backend = run.backend
+    assert (backend.base_url, backend.model) == ("http://10.0.0.7:8000/v1", "rsi-base")
+    assert backend._client.headers["Authorization"] == "Bearer s3cret"
+    assert get_settings().resolved()["engine_api_key"] == "***"
+    backend.close()
+    run.close()
+
+
 def test_second_run_on_a_leased_lineage_exits_2(tiny_base, rsi_home) -> None:
     from rsi.config import get_settings
     from rsi.cycle import acquire_lease, release_lease
