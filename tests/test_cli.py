@@ -33,7 +33,8 @@ def test_config_show_json(rsi_home: Path) -> None:
     result = rsi("config", "show", "--json", env=env)
     assert result.returncode == 0, result.stderr
     values = json.loads(result.stdout)
-    assert set(values) == {"home", "database_url", "mlflow_tracking_uri", "prefect_home", "prefect_api_url"}
+    assert set(values) == {"home", "database_url", "mlflow_tracking_uri", "prefect_home", "prefect_api_url",
+                           "engine_url", "engine_api_key"}
     assert values["home"] == str(rsi_home)
     assert values["database_url"] == "postgresql+psycopg://alice:***@db.example:5432/rsi"
     assert values["mlflow_tracking_uri"] == f"sqlite:///{rsi_home / 'mlflow.db'}"
