@@ -256,7 +256,7 @@ def eval_cmd(
     from rsi.cycle import load_config
     from rsi.errors import UserError
     from rsi.evaluate import evaluate, expressible
-    from rsi.hcp import load_harness, resolve_harness
+    from rsi.hcp import load_harness
     from rsi.models import Pair
     from rsi.tasks import get_family
     from rsi.train import adapter_hash
@@ -271,7 +271,7 @@ def eval_cmd(
         adapter = champion_adapter(lineage)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
-    harness = load_harness(resolve_harness(config.harness))
+    harness = load_harness(config.harness)
     base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)

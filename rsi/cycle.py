@@ -29,7 +29,7 @@ from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, expressible
 from rsi.gate import GateSpec
 from rsi.hashing import digest
-from rsi.hcp import Harness, load_harness, resolve_harness
+from rsi.hcp import Harness, load_harness
 from rsi.models import Pair
 from rsi.select import SelectionSpec
 from rsi.store import Store, open_store
@@ -117,7 +117,7 @@ class LineageRun:
         self.config = config
         self.settings = settings
         self.store = store or open_store(settings.db_url)
-        self.harness: Harness = load_harness(resolve_harness(config.harness))
+        self.harness: Harness = load_harness(config.harness)
         self.family: TaskFamily = get_family(config.family)
         if self.harness.document.family != self.family.name:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "

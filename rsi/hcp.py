@@ -313,6 +313,12 @@ class Harness:
 
 def _resolve(path: Path) -> Path:
     path = Path(path)
+    if not path.exists():  # a shipped id, family or harness_versions/... path, found wherever rsi is installed
+        try:
+            path = resolve_harness(path)
+        except UserError as exc:
+            raise UserError(f"{path}: no such HCP document; pass a hcp.toml or the directory that holds one "
+                            f"({str(exc).split('; ', 1)[1]})") from None
     if path.is_dir():
         path = path / "hcp.toml"
     if not path.is_file():
