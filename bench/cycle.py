@@ -38,7 +38,7 @@ def arm(name: str, profile: str, base: Path, root: Path) -> dict:
     run.acquire()
     run.backend  # load the model outside the timed region: both arms pay it once
     start = time.perf_counter()
-    summary = generation(run, 1, direct=True) if name == "direct" else rsi_cycle(run, 1)
+    summary = generation(run.config, 1, direct=True) if name == "direct" else rsi_cycle(run.config, 1)
     total = time.perf_counter() - start
     run.close()
     return {"stages": summary["seconds"], "total": total, "gate": summary.get("gate")}

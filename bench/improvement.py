@@ -61,10 +61,10 @@ def round_tasks(run, gen) -> tuple[list, set[int]]:
     from rsi.store.records import task_from_row
     from rsi.store.schema import TaskRow
 
-    found = run.stage_result(gen.id, "discover")
+    found = run.stage_result(gen, "discover")
     with run.store.session() as s:
-        rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found["task_ids"])))}
-    return [task_from_row(rows[i]) for i in found["task_ids"]], set(found["frontier_levels"])
+        rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found.task_ids)))}
+    return [task_from_row(rows[i]) for i in found.task_ids], set(found.frontier_levels)
 
 
 def train_chain(run, rounds, out: Path, candidates_for) -> tuple[Path | None, list[dict]]:
@@ -192,8 +192,9 @@ def run_seed(profile: str, seed: int, generations: int, root: Path) -> dict[str,
     run = LineageRun(config, get_settings())
     run.acquire()
     try:
-        rounds = [g for g in run.finished_generations() if run.stage_result(g.id, "train")]
-        rounds_log["lineage"] = [{"round": g.number, "status": g.status, **run.stage_result(g.id, "select")}
+        rounds = [g for g in run.finished_generations() if run.stage_result(g, "train")]
+        rounds_log["lineage"] = [{"round": g.number, "status": g.status,
+                                  **run.stage_result(g, "select").model_dump(mode="json")}
                                  for g in rounds]
         finals = {"base": None, "lineage": run.champion_before(10**6).adapter_dir}
         arms = {"control": control_arm, "label_free": label_free_arm, "upper_bound": upper_bound_arm}

@@ -5,18 +5,26 @@ register. ``rsi-lineage`` runs generations until the target level is mastered, t
 or the generation budget is spent. Each stage's result is persisted in the state DB under (lineage,
 generation, stage, inputs hash), so a run started again after a crash skips what already finished and
 ends with the same lineage it would have produced uninterrupted.
+
+What crosses a flow or task boundary is JSON: ``rsi-lineage`` takes family, lineage, harness, profile,
+generations and overrides (so a deployment can schedule it), ``rsi-cycle`` a ``CycleConfig`` and a
+generation number, and each stage task the config, the number and the typed results of earlier stages
+(``rsi.cycle.Discovered`` ... ``Registered``). The store, backend and registry are built once in the
+flow's process (``LineageRun``) and found there by ``current_run``. rsi's log lines (logger ``rsi``) go to
+the Prefect run's logs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
-import threading
 import time
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +34,28 @@ get_settings().configure_prefect()  # a configured server or profile, else the e
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry; it also locks SQLite
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")  # rsi logs outside a run: no warning
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # PEFT 0.21 calls an attribute transformers 5 renamed; harmless, and it would print once per adapter load.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 from prefect import flow, task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact  # noqa: E402
-from prefect.artifacts import update_progress_artifact  # noqa: E402
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact  # noqa: E402
+from prefect.artifacts import create_table_artifact, update_progress_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.logging.handlers import APILogHandler  # noqa: E402
+from prefect.runtime import flow_run as current_flow_run  # noqa: E402
+from prefect.tasks import exponential_backoff  # noqa: E402
 from sqlalchemy import select as sql_select  # noqa: E402
 
 from rsi.audit import audit, prompt_text  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
-from rsi.cycle import Champion, CycleConfig, LineageRun, fault_point, keep_alive  # noqa: E402
+from rsi.cycle import (  # noqa: E402
+    Audited, Champion, CycleConfig, Discovered, Executed, Judged, LineageRun, Registered, Selected, Trained,
+    current_run, fault_point, holding_lease, latest_harness, load_config, open_run,
+)
+from rsi.errors import RsiError  # noqa: E402
 from rsi.execute import rollout, sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
@@ -52,18 +68,41 @@ from rsi.train import train_adapter  # noqa: E402
 
 STAGES = ("discover", "execute", "audit", "select", "train", "evaluate", "register")
 Events = Callable[[str], None]
+log = logging.getLogger("rsi.cycle")
+_rsi_log = logging.getLogger("rsi")
+_rsi_log.setLevel(logging.INFO)
+if not any(isinstance(h, APILogHandler) for h in _rsi_log.handlers):
+    _rsi_log.addHandler(APILogHandler())  # rsi's lines show in the flow and task runs' Logs tab
 
 
 def _quiet(_: str) -> None:
     pass
 
 
+def _retry_unless_rsi_error(task, task_run, state) -> bool:
+    """Retry what may be transient (a server call that failed), never rsi's own verdicts (lease lost, bad input)."""
+    try:
+        state.result()
+    except RsiError:
+        return False
+    except Exception:  # noqa: BLE001 - anything else may pass on a second try
+        return True
+    return False
+
+
+SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": exponential_backoff(backoff_factor=5),
+                  "retry_condition_fn": _retry_unless_rsi_error}
+
+
 # --------------------------------------------------------------------------------------------------------
 # 1. discover: levels from the champion's held-out accuracy, tasks from this generation's train stream
 # --------------------------------------------------------------------------------------------------------
-@task(name="discover", cache_policy=NO_CACHE)
-def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
+@task(name="discover", task_run_name="discover-gen-{number:03d}", cache_policy=NO_CACHE)
+def discover(config: CycleConfig, number: int, champ: Champion) -> Discovered:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Discovered:
         accuracy = champion_accuracy(run, champ, gen)
         plan = plan_levels(accuracy, run.curriculum)
         mastered = frontier(accuracy, run.config.curriculum.mastery)
@@ -75,11 +114,10 @@ def discover(run: LineageRun, gen: Generation, champ: Champion, events: Events) 
                   for t in run.family.tasks("train", replay_seed, lvl, run.config.replay_tasks_per_level)]
         with run.write() as s:
             put_tasks(s, tasks)
-        return {"accuracy": {str(k): v for k, v in accuracy.items()}, "frontier": mastered,
-                "plan": [p.model_dump() for p in plan], "task_ids": [t.id for t in tasks],
-                "frontier_levels": [p.level for p in plan], "replay_levels": list(replay_levels)}
+        return Discovered(accuracy=accuracy, frontier=mastered, plan=plan, task_ids=[t.id for t in tasks],
+                          frontier_levels=[p.level for p in plan], replay_levels=list(replay_levels))
 
-    return run.run_stage(gen, "discover", {"champion": champ.pair_id}, body, events)
+    return run.run_stage(gen, "discover", {"champion": champ.pair_id}, body)
 
 
 def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict[int, float]:
@@ -96,42 +134,48 @@ def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict
 # --------------------------------------------------------------------------------------------------------
 # 2. execute: k samples per task (the harness's decoding.samples) under the champion pair; all stored
 # --------------------------------------------------------------------------------------------------------
-@task(name="execute", cache_policy=NO_CACHE)
-def execute(run: LineageRun, gen: Generation, champ: Champion, found: dict[str, Any], events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
+@task(name="execute", task_run_name="execute-gen-{number:03d}", cache_policy=NO_CACHE)
+def execute(config: CycleConfig, number: int, champ: Champion, found: Discovered) -> Executed:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Executed:
         with run.store.session() as s:
-            rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found["task_ids"])))}
-        tasks = [task_from_row(rows[i]) for i in found["task_ids"]]
+            rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found.task_ids)))}
+        tasks = [task_from_row(rows[i]) for i in found.task_ids]
         params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         start = time.perf_counter()
         trajectories = rollout(tasks, run.harness, run.backend, champ.pair_id, params, adapter=champ.adapter_dir)
         with run.write() as s:
             put_trajectories(s, trajectories, generation_id=gen.id)
-        return {"trajectories": len(trajectories), "tasks": len(tasks), "seconds": time.perf_counter() - start,
-                "ids": [t.id for t in trajectories]}
+        return Executed(trajectories=len(trajectories), tasks=len(tasks), seconds=time.perf_counter() - start,
+                        ids=[t.id for t in trajectories])
 
-    return run.run_stage(gen, "execute", {"tasks": found["task_ids"], "champion": champ.pair_id}, body, events)
+    return run.run_stage(gen, "execute", {"tasks": list(found.task_ids), "champion": champ.pair_id}, body)
 
 
 # --------------------------------------------------------------------------------------------------------
 # 3. audit: the external auditor judges every stored trajectory under the harness's contract
 # --------------------------------------------------------------------------------------------------------
-@task(name="audit", cache_policy=NO_CACHE)
-def audit_stage(run: LineageRun, gen: Generation, champ: Champion, executed: dict[str, Any], events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
-        trajectories, tasks = load_trajectories(run, executed["ids"])
+@task(name="audit", task_run_name="audit-gen-{number:03d}", cache_policy=NO_CACHE)
+def audit_stage(config: CycleConfig, number: int, champ: Champion, executed: Executed) -> Audited:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Audited:
+        trajectories, tasks = load_trajectories(run, executed.ids)
         pair = run.load_pair(champ.pair_id)
         verdicts = [audit(t, tasks[t.task_id], run.harness, run.family, pair) for t in trajectories]
         with run.write() as s:
             put_verdicts(s, verdicts)
         failures = Counter(rule for v in verdicts for rule in v.failed_rules())
-        return {"audited": len(verdicts), "passed": sum(v.passed for v in verdicts), "failed_by_rule": dict(failures),
-                "pass_rates": pass_rates(trajectories, tasks, {v.trajectory_id: v.passed for v in verdicts})}
+        return Audited(audited=len(verdicts), passed=sum(v.passed for v in verdicts), failed_by_rule=dict(failures),
+                       pass_rates=pass_rates(trajectories, tasks, {v.trajectory_id: v.passed for v in verdicts}))
 
-    return run.run_stage(gen, "audit", {"trajectories": executed["ids"], "contract": run.harness.hash}, body, events)
+    return run.run_stage(gen, "audit", {"trajectories": list(executed.ids), "contract": run.harness.hash}, body)
 
 
-def load_trajectories(run: LineageRun, ids: list[str]) -> tuple[list[Trajectory], dict[str, Task]]:
+def load_trajectories(run: LineageRun, ids) -> tuple[list[Trajectory], dict[str, Task]]:
     """Stored trajectories in the order of ``ids``, and their tasks by id."""
     with run.store.session() as s:
         rows = list(s.scalars(sql_select(TrajectoryRow).where(TrajectoryRow.id.in_(ids))))
@@ -141,7 +185,7 @@ def load_trajectories(run: LineageRun, ids: list[str]) -> tuple[list[Trajectory]
     return sorted((trajectory_from_row(r) for r in rows), key=lambda t: order[t.id]), tasks
 
 
-def pass_rates(trajectories, tasks, passed: dict[str, bool]) -> dict[str, dict[str, float]]:
+def pass_rates(trajectories, tasks, passed: dict[str, bool]) -> dict[int, dict[str, float]]:
     """Per level: pass@1 (mean over samples) and pass@k (share of tasks with at least one pass)."""
     by_task: dict[str, list[bool]] = defaultdict(list)
     for t in trajectories:
@@ -149,7 +193,7 @@ def pass_rates(trajectories, tasks, passed: dict[str, bool]) -> dict[str, dict[s
     by_level: dict[int, list[list[bool]]] = defaultdict(list)
     for task_id, outcomes in by_task.items():
         by_level[tasks[task_id].level].append(outcomes)
-    return {str(lvl): {"pass@1": sum(map(sum, rows)) / sum(map(len, rows)),
+    return {lvl: {"pass@1": sum(map(sum, rows)) / sum(map(len, rows)),
                        "pass@k": sum(any(r) for r in rows) / len(rows), "tasks": len(rows)}
             for lvl, rows in sorted(by_level.items())}
 
@@ -157,20 +201,22 @@ def pass_rates(trajectories, tasks, passed: dict[str, bool]) -> dict[str, dict[s
 # --------------------------------------------------------------------------------------------------------
 # 4. select: passed trajectories only, filtered, plus replay of earlier generations' selections
 # --------------------------------------------------------------------------------------------------------
-@task(name="select", cache_policy=NO_CACHE)
-def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], executed: dict[str, Any],
-                 audited: dict[str, Any], events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
-        trajectories, tasks = load_trajectories(run, executed["ids"])
+@task(name="select", task_run_name="select-gen-{number:03d}", cache_policy=NO_CACHE)
+def select_stage(config: CycleConfig, number: int, found: Discovered, executed: Executed, audited: Audited) -> Selected:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Selected:
+        trajectories, tasks = load_trajectories(run, executed.ids)
         with run.store.session() as s:
             passed = set(s.scalars(sql_select(VerdictRow.trajectory_id).where(
-                VerdictRow.trajectory_id.in_(executed["ids"]), VerdictRow.passed,
+                VerdictRow.trajectory_id.in_(executed.ids), VerdictRow.passed,
                 VerdictRow.harness_hash == run.harness.hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
                                 prompt=prompt_text(t), completion=t.completion, passed=t.id in passed)
                       for t in trajectories]
         dataset = select(candidates, replay_examples(run, gen), run.config.selection,
-                         frontier_levels=set(found["frontier_levels"]), seed=run.config.seed + gen.number)
+                         frontier_levels=set(found.frontier_levels), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data
         dataset = dataset.model_copy(update={"corrupted": corrupted})  # its own digest: never mistaken for clean
         with run.write() as s:
@@ -182,10 +228,11 @@ def select_stage(run: LineageRun, gen: Generation, found: dict[str, Any], execut
                 s.flush()
                 s.add_all(DatasetItem(dataset_digest=dataset.digest, position=i, trajectory_id=e.trajectory_id)
                           for i, e in enumerate(dataset.examples))
-        return {"digest": dataset.digest, "size": len(dataset.examples), "corrupted": corrupted,
-                "frontier": len(dataset.pool("frontier")), "replay": len(dataset.pool("replay"))}
+        return Selected(digest=dataset.digest, size=len(dataset.examples), corrupted=corrupted,
+                        frontier=len(dataset.pool("frontier")), replay=len(dataset.pool("replay")))
 
-    return run.run_stage(gen, "select", {"audit": audited, "trajectories": executed["ids"]}, body, events)
+    inputs = {"audit": audited.model_dump(mode="json"), "trajectories": list(executed.ids)}
+    return run.run_stage(gen, "select", inputs, body)
 
 
 def load_dataset(run: LineageRun, dataset_digest: str) -> tuple[Dataset, bool]:
@@ -208,9 +255,9 @@ def replay_examples(run: LineageRun, gen: Generation) -> list[Example]:
     earlier = [g for g in run.finished_generations() if g.number < gen.number][-run.config.selection.replay_generations:]
     examples: list[Example] = []
     for g in earlier:
-        result = run.stage_result(g.id, "select") or {}
-        if result and not result.get("corrupted"):  # the test switch's shuffled answers must never be replayed
-            examples += load_dataset(run, result["digest"])[0].examples
+        result = run.stage_result(g, "select")
+        if result and not result.corrupted:  # the test switch's shuffled answers must never be replayed
+            examples += load_dataset(run, result.digest)[0].examples
     return examples
 
 
@@ -226,15 +273,18 @@ def corrupt(dataset: Dataset, seed: int) -> Dataset:
 # --------------------------------------------------------------------------------------------------------
 # 5. train: a LoRA adapter warm-started from the champion's, on the stored selection; metrics to MLflow
 # --------------------------------------------------------------------------------------------------------
-@task(name="train", cache_policy=NO_CACHE)
-def train(run: LineageRun, gen: Generation, champ: Champion, selected: dict[str, Any], events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
-        dataset, corrupted = load_dataset(run, selected["digest"])
+@task(name="train", task_run_name="train-gen-{number:03d}", cache_policy=NO_CACHE, **SERVER_RETRIES)
+def train(config: CycleConfig, number: int, champ: Champion, selected: Selected) -> Trained:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Trained:
+        dataset, corrupted = load_dataset(run, selected.digest)
         if corrupted:
             dataset = corrupt(dataset, seed=gen.number)
         warm = champ.adapter_dir is not None and run.config.warm_start == "parent"
         parent = Path(champ.adapter_dir) if warm else None
-        out_dir = run.adapters_dir() / f"gen-{gen.number:03d}-{selected['digest'][:12]}"
+        out_dir = run.adapters_dir() / f"gen-{gen.number:03d}-{selected.digest[:12]}"
         losses: list[tuple[int, float, float]] = []
 
         def on_step(step: int, loss: float, lr: float) -> None:
@@ -246,11 +296,11 @@ def train(run: LineageRun, gen: Generation, champ: Champion, selected: dict[str,
                                seed=run.config.seed * 1000 + gen.number, on_step=on_step)
         seconds = time.perf_counter() - start
         run_id = log_training(run, gen, champ, selected, dataset, losses, seconds)
-        return {**result.model_dump(), "seconds": seconds, "mlflow_run_id": run_id,
-                "examples_digest": examples_digest(dataset), "warm_start": str(parent) if parent else None}
+        return Trained(**result.model_dump(), seconds=seconds, mlflow_run_id=run_id,
+                       examples_digest=examples_digest(dataset), warm_start=str(parent) if parent else None)
 
-    inputs = {"dataset": selected["digest"], "parent": champ.pair_id, "spec": run.config.train.model_dump(mode="json")}
-    return run.run_stage(gen, "train", inputs, body, events)
+    inputs = {"dataset": selected.digest, "parent": champ.pair_id, "spec": run.config.train.model_dump(mode="json")}
+    return run.run_stage(gen, "train", inputs, body)
 
 
 def examples_digest(dataset: Dataset) -> str:
@@ -265,7 +315,7 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
     import pandas as pd
     from mlflow.entities import Metric
 
-    tags = {"lineage": run.config.lineage, "generation": str(gen.number), "dataset_digest": selected["digest"]}
+    tags = {"lineage": run.config.lineage, "generation": str(gen.number), "dataset_digest": selected.digest}
     found = run.registry.find_run(tags)
     if found is not None and "train_seconds" in found.data.metrics:
         return found.info.run_id
@@ -277,11 +327,11 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
         with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
             warnings.simplefilter("ignore", UserWarning)
             data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
-                                           digest=selected["digest"][:36])
+                                           digest=selected.digest[:36])
             mlflow.log_input(data, context="training")
         mlflow.log_params({f"train.{k}": v for k, v in run.config.train.model_dump().items()}
-                          | {"parent_pair_id": champ.pair_id, "dataset_digest": selected["digest"],
-                             "dataset_size": selected["size"]})
+                          | {"parent_pair_id": champ.pair_id, "dataset_digest": selected.digest,
+                             "dataset_size": selected.size})
         now = int(time.time() * 1000)
         metrics = [Metric("train_loss", loss, now, step) for step, loss, _ in losses]
         metrics += [Metric("learning_rate", lr, now, step) for step, _, lr in losses]
@@ -294,65 +344,69 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
 # --------------------------------------------------------------------------------------------------------
 # 6. evaluate / gate: candidate vs parent (and the lineage's best records) on the same held-out tasks
 # --------------------------------------------------------------------------------------------------------
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_gate(run: LineageRun, gen: Generation, champ: Champion, found: dict[str, Any],
-                  trained: dict[str, Any], events: Events) -> dict[str, Any]:
-    def body() -> dict[str, Any]:
-        candidate = run.pair(trained["adapter_hash"])
-        run.save_pair(candidate, trained["adapter_dir"], champ.pair_id)
-        reached = [int(k) for k in found["accuracy"]] + found["frontier_levels"]
+@task(name="evaluate", task_run_name="evaluate-gen-{number:03d}", cache_policy=NO_CACHE)
+def evaluate_gate(config: CycleConfig, number: int, champ: Champion, found: Discovered, trained: Trained) -> Judged:
+    run = current_run(config)
+    gen = run.generation_row(number)
+
+    def body() -> Judged:
+        candidate = run.pair(trained.adapter_hash)
+        run.save_pair(candidate, trained.adapter_dir, champ.pair_id)
+        reached = [*found.accuracy, *found.frontier_levels]
         levels = list(range(1, min(max(reached) + 1, run.max_level) + 1))
         parent_scores = run.scores(champ.pair_id, champ.adapter_dir, levels, gen.id)
-        cand_scores = run.scores(candidate.id, trained["adapter_dir"], levels, gen.id)
+        cand_scores = run.scores(candidate.id, trained.adapter_dir, levels, gen.id)
         best = run.best_scores(levels)
         mastered = {lvl for lvl, sc in best.items() if sc.accuracy >= run.config.curriculum.mastery}
-        decision = decide(parent_scores, cand_scores, targets=set(found["frontier_levels"]), best=best,
+        decision = decide(parent_scores, cand_scores, targets=set(found.frontier_levels), best=best,
                           mastered=mastered, spec=run.config.gate, attempt=attempt)
-        return {"candidate_pair_id": candidate.id, "levels": levels, "decision": decision.model_dump(mode="json"),
-                "candidate": {str(k): v.accuracy for k, v in cand_scores.items()},
-                "parent": {str(k): v.accuracy for k, v in parent_scores.items()}}
+        return Judged(candidate_pair_id=candidate.id, levels=levels, decision=decision,
+                      candidate={k: v.accuracy for k, v in cand_scores.items()},
+                      parent={k: v.accuracy for k, v in parent_scores.items()})
 
     attempt = run.attempt(champ.pair_id, gen.number)
-    inputs = {"adapter": trained["adapter_hash"], "parent": champ.pair_id, "attempt": attempt,
+    inputs = {"adapter": trained.adapter_hash, "parent": champ.pair_id, "attempt": attempt,
               "champions": run.champion_pairs()}
-    return run.run_stage(gen, "evaluate", inputs, body, events)
+    return run.run_stage(gen, "evaluate", inputs, body)
 
 
 # --------------------------------------------------------------------------------------------------------
 # 7. register: a model version with the adapter and the HCP document; the generation's end commits with it
 # --------------------------------------------------------------------------------------------------------
-@task(name="register", cache_policy=NO_CACHE)
-def register(run: LineageRun, gen: Generation, champ: Champion, selected: dict[str, Any], trained: dict[str, Any],
-             judged: dict[str, Any], events: Events) -> dict[str, Any]:
+@task(name="register", task_run_name="register-gen-{number:03d}", cache_policy=NO_CACHE, **SERVER_RETRIES)
+def register(config: CycleConfig, number: int, champ: Champion, selected: Selected, trained: Trained,
+             judged: Judged) -> Registered:
     """MLflow writes first, each idempotent (the version is found again by its pair id); then one state-DB
     transaction stores the result and finishes the generation; then the aliases follow the committed state.
     A crash anywhere before the commit redoes the same writes; after it, ``sync_aliases`` repairs the aliases."""
-    promote = judged["decision"]["promote"]
+    run = current_run(config)
+    gen = run.generation_row(number)
+    promote = judged.decision.promote
 
-    def body() -> dict[str, Any]:
-        run_id = trained["mlflow_run_id"]
+    def body() -> Registered:
+        run_id = trained.mlflow_run_id
         client = run.registry.client
-        client.log_artifacts(run_id, trained["adapter_dir"], "candidate/adapter")
+        client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")
         client.log_artifacts(run_id, str(run.harness.path.parent), "candidate/harness")
-        for level, acc in judged["candidate"].items():
+        for level, acc in judged.candidate.items():
             client.log_metric(run_id, f"acc_level_{level}", acc)
-        tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged["candidate_pair_id"],
+        tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged.candidate_pair_id,
                 "harness_id": run.harness.id, "harness_hash": run.harness.hash,
                 "contract_version": run.harness.contract_version, "base_model_hash": run.base_hash,
-                "dataset_digest": selected["digest"], "gate": "promoted" if promote else "rejected",
-                "adapter_hash": trained["adapter_hash"]}
-        tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged["candidate"].items()}
+                "dataset_digest": selected.digest, "gate": "promoted" if promote else "rejected",
+                "adapter_hash": trained.adapter_hash}
+        tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
         version = run.registry.create_version(run_id, "candidate", tags)
         log_improvement_plot(run, run_id, extra=(gen.number, "promoted" if promote else "rejected", judged))
-        return {"version": version, "promoted": promote}
+        return Registered(version=version, promoted=promote)
 
-    def finish(s, result: dict[str, Any]) -> None:
+    def finish(s, result: Registered) -> None:
         row = s.get(Generation, gen.id)
-        row.parent_pair_id, row.candidate_pair_id = champ.pair_id, judged["candidate_pair_id"]
+        row.parent_pair_id, row.candidate_pair_id = champ.pair_id, judged.candidate_pair_id
         row.status, row.finished_at = ("promoted" if promote else "rejected"), utcnow()
 
-    result = run.run_stage(gen, "register", {"evaluate": judged["candidate_pair_id"], "gate": judged["decision"]},
-                           body, events, finish=finish)
+    inputs = {"evaluate": judged.candidate_pair_id, "gate": judged.decision.model_dump(mode="json")}
+    result = run.run_stage(gen, "register", inputs, body, finish=finish)
     sync_aliases(run)
     return result
 
@@ -362,7 +416,7 @@ def sync_aliases(run: LineageRun) -> None:
     one, as the state DB records them (idempotent; run after every register and when a lineage run starts)."""
     latest = champion = None
     for g in run.finished_generations():
-        version = run.stage_result(g.id, "register")["version"]
+        version = run.stage_result(g, "register").version
         latest = version
         champion = version if g.status == "promoted" else champion
     run.registry.set_aliases(challenger=latest, champion=champion)
@@ -372,11 +426,9 @@ def lineage_rows(run: LineageRun) -> list[dict[str, Any]]:
     """One row per finished generation: gate decision and candidate accuracy per level."""
     rows = []
     for g in run.finished_generations():
-        judged = run.stage_result(g.id, "evaluate")
-        reg = run.stage_result(g.id, "register")
-        rows.append({"generation": g.number, "gate": g.status, "version": reg["version"],
-                     "accuracy": {int(k): v for k, v in judged["candidate"].items()},
-                     "parent": {int(k): v for k, v in judged["parent"].items()}})
+        judged, registered = run.stage_result(g, "evaluate"), run.stage_result(g, "register")
+        rows.append({"generation": g.number, "gate": g.status, "version": registered.version,
+                     "accuracy": dict(judged.candidate), "parent": dict(judged.parent)})
     return rows
 
 
@@ -386,7 +438,7 @@ def log_improvement_plot(run: LineageRun, run_id: str, extra: tuple[int, str, di
 
     number, gate, judged = extra
     rows = [r for r in lineage_rows(run) if r["generation"] != number]
-    rows.append({"generation": number, "gate": gate, "accuracy": {int(k): v for k, v in judged["candidate"].items()}})
+    rows.append({"generation": number, "gate": gate, "accuracy": dict(judged.candidate)})
     with tempfile.TemporaryDirectory() as tmp:
         path = plot_improvement(rows, Path(tmp) / "improvement.png")
         run.registry.client.log_artifact(run_id, str(path))
@@ -395,69 +447,75 @@ def log_improvement_plot(run: LineageRun, run_id: str, extra: tuple[int, str, di
 # --------------------------------------------------------------------------------------------------------
 # The flows
 # --------------------------------------------------------------------------------------------------------
-@flow(name="rsi-cycle", log_prints=False, validate_parameters=False)
-def rsi_cycle(run: LineageRun, number: int, events: Events | None = None) -> dict[str, Any]:
+def cycle_run_name() -> str:
+    """``<lineage>-gen-<NNN>``: the generation's flow run, findable by name in the UI and the API."""
+    params = current_flow_run.parameters
+    config = CycleConfig.model_validate(params["config"])
+    return f"{config.lineage}-gen-{int(params['number']):03d}"
+
+
+@flow(name="rsi-cycle", flow_run_name=cycle_run_name, log_prints=False)
+def rsi_cycle(config: CycleConfig, number: int) -> dict[str, Any]:
     """One generation, stage by stage; returns its summary (also published as Prefect artifacts)."""
-    events = events or _quiet
-    progress = create_progress_artifact(0.0, description=f"{run.config.lineage} generation {number}")
-    summary = generation(run, number, events, on_stage=lambda i, _: update_progress_artifact(progress, 100.0 * i / 7))
+    progress = create_progress_artifact(0.0, description=f"{config.lineage} generation {number}")
+    summary = generation(config, number, on_stage=lambda i, _: update_progress_artifact(progress, 100.0 * i / 7))
     if "gate" in summary:
-        publish(run, summary)
+        publish(current_run(config), summary)
     return summary
 
 
-def generation(run: LineageRun, number: int, events: Events = _quiet, *, direct: bool = False,
+def generation(config: CycleConfig, number: int, *, direct: bool = False,
                on_stage: Callable[[int, str], Any] = lambda i, name: None) -> dict[str, Any]:
-    """The stages of one generation in order. ``direct`` calls the stage functions without Prefect
-    (``bench/cycle.py`` measures the orchestration overhead that way)."""
+    """The stages of one generation in order, in the process that opened the lineage run. ``direct`` calls
+    the stage functions without Prefect (``bench/cycle.py`` measures the orchestration overhead that way)."""
     def call(stage, *args):
-        events(f"generation {number}: {stage.name} ...")
+        log.info("generation %d: %s ...", number, stage.name)
         started = time.perf_counter()
-        result = stage.fn(*args) if direct else stage(*args)
+        result = stage.fn(config, number, *args) if direct else stage(config, number, *args)
         seconds[stage.name] = time.perf_counter() - started
         on_stage(len(seconds), stage.name)
         return result
 
+    run = current_run(config)
     seconds: dict[str, float] = {}
     run.check_lease()
     fault_point(number, "start")
-    gen = run.generation_row(number)
+    run.generation_row(number)
     champ = run.champion_before(number)
-    events(f"generation {number}: champion {champ.version} ({champ.pair_id})")
-    found = call(discover, run, gen, champ, events)
-    if not found["plan"]:
+    log.info("generation %d: champion %s (%s)", number, champ.version, champ.pair_id)
+    found = call(discover, champ)
+    if not found.plan:
         return {"generation": number, "stopped": "curriculum exhausted", "seconds": seconds}
-    executed = call(execute, run, gen, champ, found, events)
-    audited = call(audit_stage, run, gen, champ, executed, events)
-    selected = call(select_stage, run, gen, found, executed, audited, events)
-    trained = call(train, run, gen, champ, selected, events)
-    judged = call(evaluate_gate, run, gen, champ, found, trained, events)
-    registered = call(register, run, gen, champ, selected, trained, judged, events)
-    out = {"discover": found, "execute": executed, "audit": audited, "select": selected, "train": trained,
-           "evaluate": judged, "register": registered}
-    summary = summarize(run, number, out) | {"seconds": seconds}
-    events(f"generation {number}: {summary['gate']} (p={summary['p_value']:.3g}); accuracy {summary['candidate']}")
+    executed = call(execute, champ, found)
+    audited = call(audit_stage, champ, executed)
+    selected = call(select_stage, found, executed, audited)
+    trained = call(train, champ, selected)
+    judged = call(evaluate_gate, champ, found, trained)
+    registered = call(register, champ, selected, trained, judged)
+    summary = summarize(number, found, executed, audited, selected, trained, judged, registered) | {"seconds": seconds}
+    log.info("generation %d: %s (p=%.3g); accuracy %s", number, summary["gate"], summary["p_value"],
+             summary["candidate"])
     return summary
 
 
-def summarize(run: LineageRun, number: int, out: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    judged, audited = out["evaluate"], out["audit"]
-    targets = [str(lvl) for lvl in out["discover"]["frontier_levels"]]
+def summarize(number: int, found: Discovered, executed: Executed, audited: Audited, selected: Selected,
+              trained: Trained, judged: Judged, registered: Registered) -> dict[str, Any]:
+    targets = [str(lvl) for lvl in found.frontier_levels]
     return {
-        "generation": number, "gate": "promoted" if judged["decision"]["promote"] else "rejected",
-        "p_value": judged["decision"]["p_value"], "reasons": judged["decision"]["reasons"],
-        "version": out["register"]["version"], "targets": targets,
-        "tasks": out["execute"]["tasks"], "trajectories": out["execute"]["trajectories"],
-        "passed": audited["passed"], "selected": out["select"]["size"],
-        "pass_at": {lvl: audited["pass_rates"].get(lvl) for lvl in targets},
-        "candidate": {k: round(v, 3) for k, v in judged["candidate"].items()},
-        "parent": {k: round(v, 3) for k, v in judged["parent"].items()},
-        "train_seconds": out["train"]["seconds"],
+        "generation": number, "gate": "promoted" if judged.decision.promote else "rejected",
+        "p_value": judged.decision.p_value, "reasons": list(judged.decision.reasons),
+        "version": registered.version, "targets": targets,
+        "tasks": executed.tasks, "trajectories": executed.trajectories,
+        "passed": audited.passed, "selected": selected.size,
+        "pass_at": {lvl: audited.pass_rates.get(int(lvl)) for lvl in targets},
+        "candidate": {str(k): round(v, 3) for k, v in judged.candidate.items()},
+        "parent": {str(k): round(v, 3) for k, v in judged.parent.items()},
+        "train_seconds": trained.seconds,
     }
 
 
 def publish(run: LineageRun, summary: dict[str, Any]) -> None:
-    """Prefect artifacts: the generation's table and a markdown summary."""
+    """Prefect artifacts: the generation's table, a markdown summary and a link to its MLflow version."""
     key = f"{run.config.lineage}-gen-{summary['generation']}".replace("_", "-").replace(".", "-").lower()
     table = [{"level": int(lvl), "parent": summary["parent"][lvl], "candidate": summary["candidate"][lvl]}
              for lvl in summary["candidate"]]
@@ -473,28 +531,55 @@ def publish(run: LineageRun, summary: dict[str, Any]) -> None:
         f"- tasks {summary['tasks']}, trajectories {summary['trajectories']}, passed audit {summary['passed']}, "
         f"selected {summary['selected']}\n- gate: {'; '.join(summary['reasons'])}\n"
         f"- MLflow version {summary['version']}\n", key=f"{key}-summary")
+    create_link_artifact(version_url(run, summary["version"]), key=f"{key}-version",
+                         link_text=f"{run.registry.name} version {summary['version']} ({summary['gate']})",
+                         description="the candidate's model version in the MLflow registry")
 
 
-@flow(name="rsi-lineage", log_prints=False, validate_parameters=False)
-def rsi_lineage(run: LineageRun, generations: int | None = None, events: Events | None = None) -> list[dict[str, Any]]:
-    """Generations until the target level is mastered, a plateau of rejections, or the budget is spent."""
-    events = events or _quiet
+def version_url(run: LineageRun, version: str) -> str:
+    """The version's page in the MLflow UI when tracking is a server, else its ``models:/`` URI."""
+    uri, name = run.registry.uri, run.registry.name
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/models/{name}/versions/{version}"
+    return f"models:/{name}/{version}"
+
+
+def lineage_run_name() -> str:
+    params = current_flow_run.parameters
+    return f"{params.get('lineage') or params.get('family')}-lineage"
+
+
+@flow(name="rsi-lineage", flow_run_name=lineage_run_name, log_prints=False)
+def rsi_lineage(family: str = "addition", lineage: str | None = None, harness: str | None = None,
+                profile: str = "demo", generations: int | None = None,
+                overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Generations of one lineage until its target level is mastered, a plateau of rejections, or the budget
+    is spent. Parameters are JSON (a deployment schedules it): ``overrides`` are CycleConfig fields over the
+    profile's. Takes the lineage's lease (a second run fails naming the holder) and keeps it alive."""
+    fields = {"family": family, "lineage": lineage or family, "harness": harness or latest_harness(family)}
+    config = load_config(profile, **{**(overrides or {}), **fields})
+    with open_run(config, get_settings()) as run, holding_lease(run):
+        sync_aliases(run)  # a crash between a generation's commit and its alias move is repaired here
+        return generations_until_done(run, generations)
+
+
+def generations_until_done(run: LineageRun, generations: int | None) -> list[dict[str, Any]]:
     config = run.config
     summaries: list[dict[str, Any]] = []
     done = run.finished_generations()
     start = (done[-1].number + 1) if done else 1
     for number in range(start, start + (generations or config.generations)):
-        summary = rsi_cycle(run, number, events)
+        summary = rsi_cycle(config, number)
         summaries.append(summary)
         if summary.get("stopped"):
-            events(f"stopping: {summary['stopped']}")
+            log.info("stopping: %s", summary["stopped"])
             break
         rejected_in_row = rejections_in_a_row(run)
         if mastered_up_to(run) >= config.target_level:
-            events(f"stopping: every level up to {config.target_level} mastered")
+            log.info("stopping: every level up to %d mastered", config.target_level)
             break
         if rejected_in_row >= config.plateau:
-            events(f"stopping: {rejected_in_row} candidates rejected in a row (plateau)")
+            log.info("stopping: %d candidates rejected in a row (plateau)", rejected_in_row)
             break
     return summaries
 
@@ -516,17 +601,38 @@ def mastered_up_to(run: LineageRun) -> int:
     return frontier(rows[-1]["accuracy"], run.config.curriculum.mastery)
 
 
-def run_lineage(config: CycleConfig, generations: int | None = None, events: Events = _quiet) -> list[dict[str, Any]]:
-    """Take the lineage's lease (a second run exits with a clear message), keep it alive, run the lineage flow."""
-    run = LineageRun(config, get_settings())
-    run.acquire()
-    stop = threading.Event()
-    beat = threading.Thread(target=keep_alive, args=(run, stop), daemon=True)
-    beat.start()
+def flow_parameters(config: CycleConfig) -> dict[str, Any]:
+    """``rsi-lineage``'s parameters for a config: the named fields, and the rest as overrides."""
+    rest = config.model_dump(mode="json", exclude={"family", "lineage", "harness"})
+    return {"family": config.family, "lineage": config.lineage, "harness": config.harness, "overrides": rest}
+
+
+class _Events(logging.Handler):
+    """rsi's log lines, handed to a callback (the CLI's live display, a test's list)."""
+
+    def __init__(self, events: Events):
+        super().__init__(logging.INFO)
+        self.events = events
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events(record.getMessage())
+
+
+@contextmanager
+def forwarding(events: Events) -> Iterator[None]:
+    """rsi's log lines go to ``events`` (and to the Prefect run), not also to Prefect's console format."""
+    handler, propagate = _Events(events), _rsi_log.propagate
+    _rsi_log.addHandler(handler)
+    _rsi_log.propagate = False
     try:
-        sync_aliases(run)  # a crash between a generation's commit and its alias move is repaired here
-        return rsi_lineage(run, generations, events)
+        yield
     finally:
-        stop.set()
-        run.release()
-        run.close()
+        _rsi_log.removeHandler(handler)
+        _rsi_log.propagate = propagate
+
+
+def run_lineage(config: CycleConfig, generations: int | None = None, events: Events = _quiet) -> list[dict[str, Any]]:
+    """Run the lineage flow in this process. The run is opened and its lease taken before Prefect starts, so
+    a bad harness or a lineage held by another run fails at once with a clear message (exit 2)."""
+    with open_run(config, get_settings()) as run, holding_lease(run), forwarding(events):
+        return rsi_lineage(**flow_parameters(config), generations=generations)

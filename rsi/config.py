@@ -80,6 +80,7 @@ class Settings(BaseSettings):
             os.environ["PREFECT_API_URL"] = url
         else:
             os.environ.setdefault("PREFECT_HOME", str(self.prefect_dir))
+            Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 def normalize_db_url(url: str) -> str:

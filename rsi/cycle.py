@@ -24,10 +24,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from rsi.config import Settings
-from rsi.curriculum import CurriculumSpec
+from rsi.curriculum import CurriculumSpec, LevelPlan
 from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, expressible
-from rsi.gate import GateSpec
+from rsi.gate import GateDecision, GateSpec
 from rsi.hashing import digest
 from rsi.hcp import Harness, load_harness
 from rsi.models import Pair
@@ -35,7 +35,7 @@ from rsi.select import SelectionSpec
 from rsi.store import Store, open_store
 from rsi.store.schema import EvaluationRow, Generation, Lease, Lineage, PairRow, StageRun, utcnow
 from rsi.tasks import TaskFamily, get_family
-from rsi.train import TrainSpec
+from rsi.train import TrainResult, TrainSpec
 
 log = logging.getLogger("rsi.cycle")
 REPO = Path(__file__).resolve().parent.parent
@@ -110,8 +110,138 @@ class Champion(BaseModel):
     generation: int
 
 
+# --------------------------------------------------------------------------------------------------------
+# Stage results: what each stage stores in the state DB and hands to the next, validated when read back
+# --------------------------------------------------------------------------------------------------------
+class StageResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Discovered(StageResult):
+    accuracy: dict[int, float] = Field(description="the champion's held-out greedy accuracy per level")
+    frontier: int = Field(description="every level up to this one is mastered")
+    plan: tuple[LevelPlan, ...]
+    task_ids: tuple[str, ...]
+    frontier_levels: tuple[int, ...]
+    replay_levels: tuple[int, ...]
+
+
+class Executed(StageResult):
+    trajectories: int
+    tasks: int
+    seconds: float
+    ids: tuple[str, ...]
+
+
+class Audited(StageResult):
+    audited: int
+    passed: int
+    failed_by_rule: dict[str, int]
+    pass_rates: dict[int, dict[str, float]] = Field(description="per level: pass@1, pass@k and the task count")
+
+
+class Selected(StageResult):
+    digest: str
+    size: int
+    corrupted: bool
+    frontier: int
+    replay: int
+
+
+class Trained(TrainResult, StageResult):
+    seconds: float
+    mlflow_run_id: str
+    examples_digest: str
+    warm_start: str | None
+
+
+class Judged(StageResult):
+    candidate_pair_id: str
+    levels: tuple[int, ...]
+    decision: GateDecision
+    candidate: dict[int, float]
+    parent: dict[int, float]
+
+
+class Registered(StageResult):
+    version: str
+    promoted: bool
+    model_uri: str | None = None
+
+
+STAGE_RESULTS: dict[str, type[StageResult]] = {
+    "discover": Discovered, "execute": Executed, "audit": Audited, "select": Selected, "train": Trained,
+    "evaluate": Judged, "register": Registered,
+}
+
+
+def read_result(stage: str, generation: int, stored: dict[str, Any]) -> StageResult:
+    """A stored stage result, validated against this version's schema (a mismatch is named, not guessed at)."""
+    from pydantic import ValidationError
+
+    try:
+        return STAGE_RESULTS[stage].model_validate(stored)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise RuntimeFailure(f"the state DB's {stage} result of generation {generation} does not match this rsi "
+                             f"version ({where}: {first['msg']}); it was written by another version: continue the "
+                             "lineage with that version or start a new --lineage") from None
+
+
+_OPEN: dict[tuple[str, str, str], LineageRun] = {}
+
+
+def _key(config: CycleConfig, settings: Settings) -> tuple[str, str, str]:
+    return config.digest, str(settings.home), settings.db_url
+
+
+def current_run(config: CycleConfig) -> LineageRun:
+    """The lineage run this process opened for ``config``: stage tasks take the config and find their store,
+    backend and registry here, so what crosses a task boundary is only ids, configs and stage results."""
+    from rsi.config import get_settings
+
+    run = _OPEN.get(_key(config, get_settings()))
+    if run is None:
+        raise RuntimeFailure(f"lineage {config.lineage!r}: a stage ran outside the process of its rsi-lineage flow "
+                             "(stages write under that flow's lease); run the stage inside the flow")
+    return run
+
+
+@contextmanager
+def open_run(config: CycleConfig, settings: Settings) -> Iterator[LineageRun]:
+    """This process's run of ``config``: the one already open (left open for its opener), else a new one,
+    closed at the end."""
+    run = _OPEN.get(_key(config, settings))
+    if run is not None:
+        yield run
+        return
+    run = LineageRun(config, settings)
+    try:
+        yield run
+    finally:
+        run.close()
+
+
+@contextmanager
+def holding_lease(run: LineageRun) -> Iterator[None]:
+    """Hold the lineage's lease, renewed by a heartbeat thread, unless this process already holds it."""
+    if run.holder is not None:
+        yield
+        return
+    run.acquire()
+    stop = threading.Event()
+    threading.Thread(target=keep_alive, args=(run, stop), daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+        run.release()
+
+
 class LineageRun:
-    """A run of one lineage: config, settings, store and the objects stages share (built once)."""
+    """A run of one lineage: config, settings, store and the objects stages share (built once per process,
+    found again by ``current_run``)."""
 
     def __init__(self, config: CycleConfig, settings: Settings, store: Store | None = None):
         self.config = config
@@ -127,6 +257,7 @@ class LineageRun:
         self.token: int | None = None
         self.lease_problem: str | None = None  # set by the heartbeat when the lease is lost
         self._ensure_lineage_row()
+        _OPEN[_key(config, settings)] = self
 
     def _refuse_unsupported(self) -> None:
         """Harness fields the cycle cannot honour yet are refused, never silently ignored."""
@@ -278,24 +409,23 @@ class LineageRun:
         for row in reversed(self.finished_generations()):
             if row.number < number and row.status == "promoted":
                 # a finished generation has both results: register commits them with its status
-                result = self.stage_result(row.id, "register")
-                train = self.stage_result(row.id, "train")
-                return Champion(pair_id=row.candidate_pair_id, adapter_dir=train["adapter_dir"],
-                                version=str(result["version"]), generation=row.number)
+                registered, trained = self.stage_result(row, "register"), self.stage_result(row, "train")
+                return Champion(pair_id=row.candidate_pair_id, adapter_dir=trained.adapter_dir,
+                                version=registered.version, generation=row.number)
         base = self.pair(None)
         self.save_pair(base, None, None)
         return Champion(pair_id=base.id, adapter_dir=None, version="base", generation=0)
 
     # -- stage results --------------------------------------------------------------------------------------
-    def stage_result(self, generation_id: int, stage: str) -> dict[str, Any] | None:
+    def stage_result(self, generation: Generation, stage: str) -> Any:
+        """The latest finished result of a stage of ``generation`` (None if it has none), validated."""
         with self.store.session() as s:
-            row = s.scalars(select(StageRun).where(StageRun.generation_id == generation_id, StageRun.stage == stage,
+            row = s.scalars(select(StageRun).where(StageRun.generation_id == generation.id, StageRun.stage == stage,
                                                    StageRun.status == "done").order_by(StageRun.id.desc())).first()
-            return row.result if row else None
+            return read_result(stage, generation.number, row.result) if row else None
 
-    def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any], fn: Callable[[], dict[str, Any]],
-                  on_event: Callable[[str], None] | None = None,
-                  finish: Callable[[Session, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any], fn: Callable[[], StageResult],
+                  finish: Callable[[Session, StageResult], None] | None = None) -> Any:
         """Return the stored result of (generation, stage, inputs) if it finished before; else run and store it.
 
         ``finish`` writes more rows in the transaction that stores the result, so they commit as one unit."""
@@ -304,18 +434,17 @@ class LineageRun:
             done = s.scalars(select(StageRun).where(StageRun.generation_id == gen.id, StageRun.stage == stage,
                                                     StageRun.inputs_hash == key, StageRun.status == "done")).first()
         if done is not None:
-            message = f"generation {gen.number} {stage}: skipped (finished earlier, inputs {key[:12]})"
-            log.info(message)
-            if on_event:
-                on_event(message)
-            return done.result
+            log.info("generation %d %s: skipped (finished earlier, inputs %s)", gen.number, stage, key[:12])
+            return read_result(stage, gen.number, done.result)
         result = fn()
+        if not isinstance(result, STAGE_RESULTS[stage]):
+            raise TypeError(f"stage {stage} returned {type(result).__name__}, not {STAGE_RESULTS[stage].__name__}")
         fault_point(gen.number, stage)
         with self.write() as s:
             s.execute(delete(StageRun).where(StageRun.generation_id == gen.id, StageRun.stage == stage,
                                              StageRun.inputs_hash == key))
-            s.add(StageRun(generation_id=gen.id, stage=stage, inputs_hash=key, status="done", result=result,
-                           finished_at=utcnow()))
+            s.add(StageRun(generation_id=gen.id, stage=stage, inputs_hash=key, status="done",
+                           result=result.model_dump(mode="json"), finished_at=utcnow()))
             row = s.get(Generation, gen.id)
             row.stages = {**row.stages, stage: "done"}
             if finish is not None:
@@ -377,6 +506,8 @@ class LineageRun:
                        if g.parent_pair_id == parent_pair_id and g.number < number)
 
     def close(self) -> None:
+        if _OPEN.get(_key(self.config, self.settings)) is self:
+            del _OPEN[_key(self.config, self.settings)]
         if "backend" in self.__dict__:
             self.backend.close()
         self.store.dispose()
