@@ -7,8 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rsi-installed
 GENERATIONS ?= 12
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean browser
 setup: $(STAMP)
+
+# The browser tests drive the Prefect and MLflow UIs with Playwright (dev extra) in Debian's chromium, installed
+# here when missing (Playwright's own browser download needs the open internet; apt needs root).
+browser:
+	command -v chromium >/dev/null || apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +32,7 @@ demo: setup
 	$(BIN)/rsi run addition --generations $(GENERATIONS)
 	$(BIN)/rsi eval --lineage addition --split test --levels 1-10 --n 256
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

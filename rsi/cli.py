@@ -26,6 +26,8 @@ harness_app = typer.Typer(help="Harness versions (HCP documents).", no_args_is_h
 base_app = typer.Typer(help="The built-in base model (trained by rsi itself, cached in RSI_HOME).", no_args_is_help=True)
 lineage_app = typer.Typer(help="Lineages in the MLflow registry.", no_args_is_help=True)
 engine_app = typer.Typer(help="The vLLM server (its own venv) behind the openai backend.", no_args_is_help=True)
+stack_app = typer.Typer(help="A local Prefect server and MLflow server for scheduled runs (pids and logs in "
+                        "RSI_HOME/stack).", no_args_is_help=True)
 tasks_app = typer.Typer(help="Task families (plug-ins in the entry-point group rsi.task_generators).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
@@ -34,8 +36,11 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(base_app, name="base")
 app.add_typer(lineage_app, name="lineage")
 app.add_typer(engine_app, name="engine")
+app.add_typer(stack_app, name="stack")
 
 PROFILE = typer.Option("demo", "--profile", help="configuration profile: demo, or tiny for smoke tests")
+SETS = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config field, e.g. --set train.steps=60 "
+                    "(dotted keys, JSON values; repeatable)")
 
 
 def parse_levels(text: str) -> list[int]:
@@ -318,6 +323,7 @@ def run_cmd(
     backend: str | None = typer.Option(None, "--backend", help="hf (in process, default) or openai (vLLM server)"),
     harness: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/v2) or directory; "
                                                                   "default: the family's newest shipped version"),
+    sets: list[str] = SETS,
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -325,11 +331,11 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import latest_harness, load_config
+    from rsi.cycle import latest_harness, load_config, parse_sets
 
-    config = load_config(profile, lineage=lineage or family, family=family, seed=seed,
-                         harness=harness or latest_harness(family), backend=backend,
-                         corrupt_training_data=corrupt_training_data or None)
+    config = load_config(profile, **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
+                                     "harness": harness or latest_harness(family), "backend": backend,
+                                     "corrupt_training_data": corrupt_training_data or None})
     from flows.cycle import run_lineage
 
     spinner = Spinner("dots", text="starting Prefect and loading the base model")
@@ -373,6 +379,82 @@ def show_lineage(name: str) -> None:
     out.print("* = champion. Browse it: "
               f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "
               f"PREFECT_HOME={settings.prefect_dir} prefect server start")
+
+
+@stack_app.command("up")
+def stack_up(
+    prefect_port: int = typer.Option(4200, "--prefect-port", min=1, max=65535),
+    mlflow_port: int = typer.Option(5000, "--mlflow-port", min=1, max=65535),
+) -> None:
+    """Start the Prefect server and the MLflow server (or report the running ones); returns once both are healthy.
+    rsi's commands then use them while they run."""
+    from rsi import stack
+    from rsi.config import get_settings
+
+    settings = get_settings()
+    running = stack.up(settings, prefect_port, mlflow_port)
+    for service in running.services:
+        out.print(f"{service.name}: {service.url} (pid {service.pid}, log {service.log})")
+    out.print(f"Prefect UI {running.services[0].url}, MLflow UI {running.mlflow_tracking_uri}")
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop both servers and every process they started."""
+    from rsi import stack
+    from rsi.config import get_settings
+
+    stopped = stack.down(get_settings())
+    out.print(f"stopped {', '.join(stopped)}" if stopped else "no stack was running")
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Each server's pid, URL and health check; exit 1 unless all are healthy."""
+    from rsi import stack
+    from rsi.config import get_settings
+
+    rows = stack.status(get_settings())
+    print(json.dumps(rows, indent=2))
+    if not rows or not all(r["healthy"] for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    lineage: str = typer.Argument(..., help="lineage name; one deployment per lineage"),
+    cron: str | None = typer.Option(None, "--cron", help='cron schedule, e.g. "*/30 * * * *"'),
+    interval: int | None = typer.Option(None, "--interval", min=1, help="seconds between runs"),
+    family: str | None = typer.Option(None, "--family", help="task family (default: the lineage's name)"),
+    profile: str = PROFILE,
+    generations: int = typer.Option(1, "--generations", min=1, help="generations per scheduled run"),
+    harness: str | None = typer.Option(None, "--harness", help="harness id or directory (default: newest shipped)"),
+    sets: list[str] = SETS,
+) -> None:
+    """Schedule the lineage: a deployment of the rsi-lineage flow on the Prefect server (concurrency 1), run by
+    `rsi worker`."""
+    from flows.deploy import deploy
+    from rsi.config import get_settings
+    from rsi.cycle import parse_sets
+
+    info = deploy(get_settings(), lineage, family=family or lineage, profile=profile, generations=generations,
+                  harness=harness, cron=cron, interval=interval, overrides=parse_sets(sets))
+    out.print(f"deployment {info['deployment']} ({info['schedule']}, work pool {info['work_pool']}); "
+              "start `rsi worker` to run it")
+
+
+@app.command("worker")
+def worker_cmd(
+    run_once: bool = typer.Option(False, "--run-once", help="poll once, run what is due, then exit"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="at most this many runs at once"),
+) -> None:
+    """Run scheduled lineage runs: a Prefect process worker on the work pool `rsi` (stop with Ctrl-C)."""
+    from flows.deploy import worker
+    from rsi.config import get_settings
+
+    code = worker(get_settings(), run_once=run_once, limit=limit)
+    if code:
+        raise typer.Exit(code)
 
 
 @engine_app.command("install")

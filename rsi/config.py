@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -36,7 +37,9 @@ class Settings(BaseSettings):
 
     @property
     def mlflow_uri(self) -> str:
-        return self.mlflow_tracking_uri or f"sqlite:///{self.home / 'mlflow.db'}"
+        """RSI_MLFLOW_TRACKING_URI, else the MLflow server of a running ``rsi stack``, else SQLite in ``home``."""
+        return (self.mlflow_tracking_uri or running_stack(self.home).get("mlflow_tracking_uri")
+                or f"sqlite:///{self.home / 'mlflow.db'}")
 
     @property
     def prefect_dir(self) -> Path:
@@ -56,11 +59,13 @@ class Settings(BaseSettings):
         }
 
     def prefect_api(self) -> str | None:
-        """The Prefect API rsi's flows report to: RSI_PREFECT_API_URL, else PREFECT_API_URL, else the active
-        Prefect profile's (PREFECT_PROFILE or the profiles file's ``active``); None: Prefect's ephemeral API,
-        kept under ``prefect_home``."""
+        """The Prefect API rsi's flows report to: RSI_PREFECT_API_URL, else PREFECT_API_URL, else the server of
+        a running ``rsi stack``, else the active Prefect profile's (PREFECT_PROFILE or the profiles file's
+        ``active``); None: Prefect's ephemeral API, kept under ``prefect_home``."""
         if self.prefect_api_url or os.environ.get("PREFECT_API_URL"):
             return self.prefect_api_url or os.environ["PREFECT_API_URL"]
+        if running_stack(self.home).get("prefect_api_url"):
+            return running_stack(self.home)["prefect_api_url"]
         default = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser() / "profiles.toml"
         path = Path(os.environ.get("PREFECT_PROFILES_PATH", default)).expanduser()
         try:
@@ -81,6 +86,27 @@ class Settings(BaseSettings):
         else:
             os.environ.setdefault("PREFECT_HOME", str(self.prefect_dir))
             Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+
+
+def stack_file(home: Path) -> Path:
+    return Path(home) / "stack" / "stack.json"
+
+
+def running_stack(home: Path) -> dict:
+    """The URLs recorded by ``rsi stack up`` while every one of its server processes lives; else {}."""
+    try:
+        stack = json.loads(stack_file(home).read_text(encoding="utf-8"))
+        pids = [int(s["pid"]) for s in stack["services"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return {}
+        except PermissionError:
+            pass
+    return stack
 
 
 def normalize_db_url(url: str) -> str:

@@ -94,9 +94,48 @@ def latest_harness(family: str) -> str:
 
 
 def load_config(profile: str = "demo", **overrides: Any) -> CycleConfig:
+    """The profile's config with ``overrides`` merged in (nested dicts key by key); None values are ignored."""
+    from pydantic import ValidationError
+
     if profile not in PROFILES:
         raise UserError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
-    return CycleConfig.model_validate({**PROFILES[profile], **{k: v for k, v in overrides.items() if v is not None}})
+    merged = deep_merge(PROFILES[profile], {k: v for k, v in overrides.items() if v is not None})
+    try:
+        return CycleConfig.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"config field {where!r}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set train.steps=60 --set gate.alpha=0.1`` as nested overrides; values are JSON, else strings."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE with a dotted config key, e.g. --set train.steps=60")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {item!r}: {part!r} is set to a value and used as a section")
+        node[leaf] = value
+    return out
 
 
 class Champion(BaseModel):
@@ -309,9 +348,14 @@ class LineageRun:
 
     @cached_property
     def base_dir(self) -> Path:
-        from rsi.basemodel import ensure_base
+        from rsi.basemodel import base_dir_for, ensure_base
 
-        return ensure_base(self.settings, self.recipe)
+        def progress(step: int, steps: int, loss: float) -> None:
+            if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
+                log.info("base model: step %d/%d, loss %.4f", step, steps, loss)
+
+        log.info("base model: %s (built once, then cached)", base_dir_for(self.settings, self.recipe))
+        return ensure_base(self.settings, self.recipe, progress=progress)
 
     @cached_property
     def base_hash(self) -> str:

@@ -311,12 +311,12 @@ def start(
     try:
         healthy = _wait_healthy(state, proc, timeout_s)
     except BaseException:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         state_path(home).unlink(missing_ok=True)
         raise
     if not healthy:
         died = proc.poll() is not None
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         state_path(home).unlink(missing_ok=True)
         why = f"exited with code {proc.returncode}" if died else f"was not healthy within {timeout_s:.0f} s"
         raise RuntimeFailure(f"vLLM server for {model_dir} {why}; last lines of {server_log}:\n"
@@ -336,7 +336,7 @@ def stop(home: Path, *, timeout_s: float = 30) -> bool:
         return False
     was_alive = _alive(state.pid) or bool(_group_members(state.pid))
     if was_alive:
-        _kill_group(state.pid, timeout_s)
+        kill_group(state.pid, timeout_s)
     _reap(state.pid)
     state_path(home).unlink(missing_ok=True)
     return was_alive
@@ -451,7 +451,7 @@ def _group_members(pgid: int, *, zombies: bool = False) -> list[int]:
     return members
 
 
-def _kill_group(pgid: int, timeout_s: float = 30) -> None:
+def kill_group(pgid: int, timeout_s: float = 30) -> None:
     """SIGTERM the group, wait up to ``timeout_s``, then SIGKILL whatever is left and wait for it to go."""
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
         try:

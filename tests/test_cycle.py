@@ -35,12 +35,13 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny profile's base model, trained once per test session."""
+    """The tiny profile's base model, trained once per test session (or found in RSI_TEST_BASE_CACHE, an
+    RSI_HOME kept between sessions: the base is cached there by recipe digest)."""
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
     from rsi.cycle import load_config
 
-    home = tmp_path_factory.mktemp("base-home")
+    home = Path(os.environ.get("RSI_TEST_BASE_CACHE") or tmp_path_factory.mktemp("base-home"))
     return ensure_base(Settings(home=home), BaseRecipe(**load_config("tiny").base_recipe))
 
 

@@ -1,0 +1,114 @@
+"""Scheduled lineages: ``rsi deploy`` registers ``rsi-lineage`` as a deployment on a Prefect server, served
+by ``rsi worker`` (a Prefect process worker on the work pool ``rsi``).
+
+A deployment is one lineage: its name is the lineage's, its parameters are the flow's JSON parameters,
+its concurrency limit is 1 (a scheduled run that comes while the last one still runs is cancelled, so runs
+never pile up behind a slow generation), and its
+runs get the deploying shell's rsi settings (RSI_HOME, the state DB, MLflow) as environment, so the worker
+climbs the same lineage ``rsi run`` would. The flow is found by module path (``flows.cycle:rsi_lineage``),
+so any machine with rsi installed can run it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from flows.cycle import rsi_lineage
+from rsi.config import Settings
+from rsi.cycle import latest_harness, load_config
+from rsi.errors import UserError
+
+POOL = "rsi"
+
+
+def require_server(settings: Settings, command: str) -> str:
+    url = settings.prefect_api()
+    if not url:
+        raise UserError(f"rsi {command} needs a Prefect server, and none is configured: start one with `rsi stack up`, "
+                        "or set PREFECT_API_URL (or RSI_PREFECT_API_URL, or a Prefect profile with one)")
+    return url
+
+
+def ensure_pool() -> None:
+    """The process work pool ``rsi``, created with Prefect's default process job template if missing."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(POOL)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=POOL, type="process",
+                                                   base_job_template=ProcessWorker.get_default_base_job_template()))
+
+
+def run_environment(settings: Settings, api_url: str) -> dict[str, str]:
+    """What a scheduled run needs to find this lineage's state: the settings in effect where it was deployed."""
+    env = {"RSI_HOME": str(settings.home), "RSI_DATABASE_URL": settings.db_url,
+           "RSI_MLFLOW_TRACKING_URI": settings.mlflow_uri, "PREFECT_API_URL": api_url,
+           "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
+    for key in ("RSI_ENGINE_URL", "RSI_ENGINE_API_KEY", "RSI_ENGINE_MODEL"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
+    return env
+
+
+def deploy(settings: Settings, lineage: str, *, family: str, profile: str, generations: int, harness: str | None,
+           cron: str | None, interval: int | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Create or update the lineage's deployment; returns its name, id and schedule."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.types.entrypoint import EntrypointType
+
+    from rsi.hcp import load_harness
+    from rsi.tasks import get_family
+
+    if (cron is None) == (interval is None):
+        raise UserError("give exactly one schedule: --cron EXPR (e.g. \"*/30 * * * *\") or --interval SECONDS")
+    if cron is not None:
+        _check_cron(cron)
+    api = require_server(settings, "deploy")
+    get_family(family)  # an unknown family is named before anything is looked up for it
+    harness = harness or latest_harness(family)
+    config = load_config(profile, **{**(overrides or {}), "lineage": lineage, "family": family, "harness": harness})
+    loaded = load_harness(config.harness)
+    if loaded.document.family != family:
+        raise UserError(f"harness {loaded.id} is for family {loaded.document.family!r}, not {family!r}")
+    ensure_pool()
+    parameters = {"family": family, "lineage": lineage, "harness": harness, "profile": profile,
+                  "generations": generations, "overrides": overrides or {}}
+    deployment = rsi_lineage.to_deployment(
+        name=lineage, parameters=parameters, cron=cron, interval=interval,
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
+        entrypoint_type=EntrypointType.MODULE_PATH, job_variables={"env": run_environment(settings, api)},
+        tags=["rsi", f"lineage:{lineage}"], description=f"rsi lineage {lineage}: {generations} generation(s) per run")
+    deployment_id = deployment.apply(work_pool_name=POOL)
+    return {"deployment": f"rsi-lineage/{lineage}", "id": str(deployment_id), "work_pool": POOL,
+            "schedule": f"cron {cron}" if cron else f"every {interval} s", "parameters": parameters}
+
+
+def _check_cron(expr: str) -> None:
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=expr)
+    except ValueError:
+        raise UserError(f"--cron {expr!r} is not a cron expression; e.g. \"*/30 * * * *\" (every 30 minutes)") from None
+
+
+def worker(settings: Settings, *, run_once: bool = False, limit: int | None = None) -> int:
+    """Run a Prefect process worker on the pool ``rsi`` until stopped; returns its exit status."""
+    api = require_server(settings, "worker")
+    ensure_pool()
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"]
+    command += ["--run-once"] if run_once else []
+    command += ["--limit", str(limit)] if limit else []
+    env = os.environ | {"PREFECT_API_URL": api, "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 130

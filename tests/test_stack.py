@@ -1,0 +1,206 @@
+"""Scheduled runs for real: `rsi stack up` (a Prefect server and an MLflow server), `rsi deploy`, `rsi worker`;
+the flow run `<lineage>-gen-001` with its logs and artifacts in the Prefect API; both UIs driven in headless
+Chromium (tests marked `browser`, screenshots written to test-output/screenshots); `rsi stack down` leaving no
+process behind. One stack and one scheduled generation serve the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import REPO
+from .test_cycle import seed_home, tiny_base  # noqa: F401 - the session's tiny base, built once
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # one real generation, scheduled
+SCREENSHOTS = Path(os.environ.get("RSI_TEST_OUTPUT", REPO / "test-output")) / "screenshots"
+# the tiny profile with enough training and held-out tasks that generation 1 is promoted on seed 0 (test_cycle's
+# PROMOTING), so the registry has a champion alias to show
+PROMOTING = ["train.steps=60", "train.batch_size=32", "train.warmup=4", "eval_n=256", "curriculum.rule=accelerated",
+             "curriculum.tasks_per_level=128", "curriculum.lookahead_tasks=32"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Served:
+    """A stack in its own RSI_HOME, and the CLI run against it."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RSI_"))} | {"RSI_HOME": str(home)}
+        self.stack: dict = {}
+        self.run_id = ""
+
+    def rsi(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rsi", *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=timeout, env=self.env)
+
+    @property
+    def api(self) -> str:
+        return self.stack["prefect_api_url"]
+
+    def post(self, path: str, body: dict) -> list | dict:
+        return httpx.post(f"{self.api}{path}", json=body, timeout=30).json()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_base, tmp_path_factory) -> Iterator[Served]:  # noqa: F811
+    """`rsi stack up`, `rsi deploy climb` (hourly), one run due now, `rsi worker --run-once`."""
+    s = Served(tmp_path_factory.mktemp("stack-home"))
+    seed_home(s.home, tiny_base)
+    up = s.rsi("stack", "up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port()))
+    assert up.returncode == 0, up.stdout + up.stderr
+    s.stack = json.loads((s.home / "stack" / "stack.json").read_text())
+    try:
+        deployed = s.rsi("deploy", "climb", "--family", "addition", "--interval", "3600", "--profile", "tiny",
+                         *[arg for item in PROMOTING for arg in ("--set", item)])
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        deployment = httpx.get(f"{s.api}/deployments/name/rsi-lineage/climb").json()
+        s.run_id = s.post(f"/deployments/{deployment['id']}/create_flow_run", {})["id"]  # due now
+        worked = s.rsi("worker", "--run-once", timeout=1800)
+        assert worked.returncode == 0, worked.stdout[-3000:] + worked.stderr[-3000:]
+        yield s
+    finally:
+        s.rsi("stack", "down")
+
+
+def test_stack_is_healthy_and_rsi_uses_it(served: Served) -> None:
+    status = served.rsi("stack", "status")
+    assert status.returncode == 0 and all(row["healthy"] for row in json.loads(status.stdout)), status.stdout
+    shown = json.loads(served.rsi("config", "show", "--json").stdout)
+    assert shown["prefect_api_url"] == served.api
+    assert shown["mlflow_tracking_uri"] == served.stack["mlflow_tracking_uri"]
+
+
+def test_deploy_refuses_bad_schedules(served: Served) -> None:
+    bad = served.rsi("deploy", "climb", "--cron", "every two minutes", "--profile", "tiny")
+    assert bad.returncode == 2 and "not a cron expression" in bad.stderr and "Traceback" not in bad.stderr
+    both = served.rsi("deploy", "climb", "--cron", "*/5 * * * *", "--interval", "60")
+    assert both.returncode == 2 and "exactly one schedule" in both.stderr
+    typo = served.rsi("deploy", "climb", "--family", "addition", "--interval", "60", "--set", "trian.steps=3")
+    assert typo.returncode == 2 and "'trian'" in typo.stderr and "Traceback" not in typo.stderr
+    family = served.rsi("deploy", "climb", "--interval", "60")  # the family defaults to the lineage's name
+    assert family.returncode == 2 and "climb" in family.stderr and "addition" in family.stderr
+
+
+def test_deployment_has_schedule_concurrency_and_json_parameters(served: Served) -> None:
+    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/climb").json()
+    assert deployment["work_pool_name"] == "rsi" and deployment["entrypoint"] == "flows.cycle.rsi_lineage"
+    assert deployment["global_concurrency_limit"]["limit"] == 1
+    assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+    assert deployment["schedules"][0]["schedule"]["interval"] == 3600
+    params = deployment["parameters"]
+    assert (params["family"], params["lineage"], params["profile"], params["generations"]) == ("addition", "climb", "tiny", 1)
+    assert params["overrides"]["train"]["steps"] == 60
+    assert deployment["job_variables"]["env"]["RSI_HOME"] == str(served.home)
+
+
+def test_scheduled_run_is_named_by_generation_with_logs_and_artifacts(served: Served) -> None:
+    parent = httpx.get(f"{served.api}/flow_runs/{served.run_id}").json()
+    assert parent["state_type"] == "COMPLETED" and parent["name"] == "climb-lineage", parent
+    runs = served.post("/flow_runs/filter", {"flow_runs": {"name": {"any_": ["climb-gen-001"]}}})
+    assert len(runs) == 1 and runs[0]["state_type"] == "COMPLETED"
+    assert runs[0]["parameters"]["number"] == 1 and runs[0]["parameters"]["config"]["lineage"] == "climb"
+    gen_run = runs[0]["id"]
+    messages = [e["message"] for e in served.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [gen_run]}}})]
+    assert any(m.startswith("generation 1: champion base") for m in messages), messages
+    assert any(m.startswith("generation 1: promoted") for m in messages), messages
+    artifacts = {a["key"]: a for a in served.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [gen_run]}}})}
+    assert artifacts["climb-gen-1"]["type"] == "table" and artifacts["climb-gen-1-summary"]["type"] == "markdown"
+    link = artifacts["climb-gen-1-version"]["data"]  # a link artifact: markdown with the version's MLflow page
+    assert f"{served.stack['mlflow_tracking_uri']}/#/models/rsi-climb/versions/1" in link, link
+    tasks = served.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [gen_run]}}})
+    assert {t["name"] for t in tasks} == {f"{s}-gen-001" for s in
+                                          ("discover", "execute", "audit", "select", "train", "evaluate", "register")}
+    assert all(t["state_type"] == "COMPLETED" for t in tasks)
+
+
+# -- the UIs, seen -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (dev extra)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("the browser tests need Chromium: apt-get install chromium (.ci/run installs it)")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--headless=new", "--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def shoot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+@pytest.mark.browser
+def test_prefect_ui_shows_the_generation_run_its_logs_artifact_and_the_schedule(served: Served, browser) -> None:
+    ui = served.api.removesuffix("/api")
+    gen_run = served.post("/flow_runs/filter", {"flow_runs": {"name": {"any_": ["climb-gen-001"]}}})[0]["id"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{ui}/runs")
+    page.get_by_text("climb-gen-001").first.wait_for(timeout=60_000)
+    shoot(page, "prefect-runs")
+    page.goto(f"{ui}/runs/flow-run/{gen_run}")
+    page.get_by_text("climb-gen-001").first.wait_for(timeout=60_000)
+    page.get_by_text("Completed").first.wait_for(timeout=30_000)
+    page.get_by_text("generation 1: champion base").first.wait_for(timeout=60_000)  # the Logs tab opens first
+    shoot(page, "prefect-flow-run-logs")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text("climb-gen-1-version").first.wait_for(timeout=30_000)
+    shoot(page, "prefect-flow-run-artifacts")
+    page.get_by_text("climb-gen-1", exact=True).first.click()  # the generation's accuracy table
+    page.get_by_text("candidate", exact=True).first.wait_for(timeout=30_000)
+    page.get_by_text("promoted", exact=True).first.wait_for(timeout=30_000)
+    shoot(page, "prefect-generation-table")
+    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/climb").json()
+    page.goto(f"{ui}/deployments/deployment/{deployment['id']}")
+    page.get_by_text("rsi-lineage", exact=False).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(3000)
+    shoot(page, "prefect-deployment")
+    page.get_by_text("Hourly", exact=True).first.wait_for(timeout=30_000)  # the schedule, as the UI words 3600 s
+    page.get_by_text("Concurrency Limit", exact=True).first.wait_for(timeout=30_000)
+    page.close()
+
+
+@pytest.mark.browser
+def test_mlflow_ui_shows_the_model_its_champion_alias_and_the_climb(served: Served, browser) -> None:
+    ui = served.stack["mlflow_tracking_uri"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{ui}/#/models/rsi-climb")
+    page.get_by_text("rsi-climb").first.wait_for(timeout=60_000)
+    page.get_by_text("@ champion", exact=False).first.wait_for(timeout=60_000)
+    shoot(page, "mlflow-registered-model")
+    page.close()
+
+
+def test_stack_down_leaves_no_process(served: Served) -> None:
+    pids = [s["pid"] for s in served.stack["services"]]
+    down = served.rsi("stack", "down")
+    assert down.returncode == 0 and "stopped prefect, mlflow" in down.stdout, down.stderr
+    assert not any(group_alive(pid) for pid in pids), "a server process outlived `rsi stack down`"
+    assert served.rsi("stack", "status").returncode == 1
+    assert not (served.home / "stack" / "stack.json").exists()
