@@ -551,7 +551,7 @@ def lineage_run_name() -> str:
 
 @flow(name="rsi-lineage", flow_run_name=lineage_run_name, log_prints=False)
 def rsi_lineage(family: str = "addition", lineage: str | None = None, harness: str | None = None,
-                profile: str = "demo", generations: int | None = None,
+                profile: str | None = "demo", generations: int | None = None,
                 overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Generations of one lineage until its target level is mastered, a plateau of rejections, or the budget
     is spent. Parameters are JSON (a deployment schedules it): ``overrides`` are CycleConfig fields over the
@@ -602,9 +602,11 @@ def mastered_up_to(run: LineageRun) -> int:
 
 
 def flow_parameters(config: CycleConfig) -> dict[str, Any]:
-    """``rsi-lineage``'s parameters for a config: the named fields, and the rest as overrides."""
+    """``rsi-lineage``'s parameters for a config: the named fields, and the rest as overrides of no profile
+    (the whole config, so the flow rebuilds exactly this one)."""
     rest = config.model_dump(mode="json", exclude={"family", "lineage", "harness"})
-    return {"family": config.family, "lineage": config.lineage, "harness": config.harness, "overrides": rest}
+    return {"family": config.family, "lineage": config.lineage, "harness": config.harness, "profile": None,
+            "overrides": rest}
 
 
 class _Events(logging.Handler):

@@ -93,13 +93,14 @@ def latest_harness(family: str) -> str:
     return str(resolve_harness(family).relative_to(shipped_harnesses().parent))
 
 
-def load_config(profile: str = "demo", **overrides: Any) -> CycleConfig:
-    """The profile's config with ``overrides`` merged in (nested dicts key by key); None values are ignored."""
+def load_config(profile: str | None = "demo", **overrides: Any) -> CycleConfig:
+    """The profile's config with ``overrides`` merged in (nested dicts key by key); None values are ignored.
+    Profile None: the overrides over CycleConfig's defaults (a whole config, as ``flow_parameters`` passes it)."""
     from pydantic import ValidationError
 
-    if profile not in PROFILES:
+    if profile is not None and profile not in PROFILES:
         raise UserError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
-    merged = deep_merge(PROFILES[profile], {k: v for k, v in overrides.items() if v is not None})
+    merged = deep_merge(PROFILES[profile] if profile else {}, {k: v for k, v in overrides.items() if v is not None})
     try:
         return CycleConfig.model_validate(merged)
     except ValidationError as exc:
