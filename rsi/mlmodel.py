@@ -1,0 +1,167 @@
+"""A model-harness pair as an MLflow 3 model: ``mlflow.pyfunc.load_model("models:/rsi-<lineage>@champion")``.
+
+The logged model holds the LoRA adapter (none for the base pair) and the HCP harness folder; the base model is
+logged once per base hash as a run artifact of the lineage's experiment and only *referenced* by the pair
+(its URI in the model config), then downloaded when the model loads. ``predict`` renders task payloads through
+the harness exactly as the cycle does (``Harness.prompt``), decodes greedily with the harness's limits on the
+``hf`` backend and parses the reply with the harness's answer parser.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlflow.pyfunc
+
+if TYPE_CHECKING:
+    from rsi.lineage import LineageRegistry
+
+BASE_ARTIFACT = "base"
+BASE_HASH_TAG, ROLE_TAG, PAIR_TAG = "rsi.base_model_hash", "rsi.role", "rsi.pair_id"
+BASE_COMPLETE_TAG = "rsi.base_logged"  # set last: a base run without it was cut short
+# What loading a pair needs; pinned to what logged it. rsi itself is a local project (not the PyPI "rsi").
+REQUIREMENTS = ("rsi", "mlflow", "torch", "transformers", "peft", "tokenizers", "safetensors")
+MODEL_CODE = "import mlflow\nfrom rsi.mlmodel import PairModel\n\nmlflow.models.set_model(PairModel())\n"
+
+
+class PairModel(mlflow.pyfunc.PythonModel):
+    """One model-harness pair: the referenced base, the adapter artifact (if any) and the harness artifact.
+
+    ``predict`` takes task payloads (``[{"a": 12, "b": 34}]``), prompt strings, or a DataFrame of either
+    (a single ``prompt`` column, or one column per payload field), and returns one dict per input:
+    ``prompt``, ``completion``, ``answer`` (the parsed value, None when the reply does not parse) and
+    ``finish_reason``."""
+
+    # predict reads lists and DataFrames itself, so MLflow's type-hint validation is off (as for MLflow's own
+    # ChatModel) and model_input is unannotated: a hint would become an input schema that turns a DataFrame of
+    # payloads into the list of its first column, and every hint MLflow cannot use, or none, draws a warning.
+    _skip_type_hint_validation = True
+
+    def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
+        from rsi.backends import get_backend
+        from rsi.basemodel import model_hash
+        from rsi.errors import UserError
+        from rsi.hcp import load_harness
+
+        config = context.model_config
+        download_dir = tempfile.mkdtemp(prefix="rsi-base-")
+        weakref.finalize(self, shutil.rmtree, download_dir, ignore_errors=True)
+        base_dir = mlflow.artifacts.download_artifacts(artifact_uri=config["base_uri"], dst_path=download_dir)
+        if model_hash(Path(base_dir)) != config["base_model_hash"]:
+            raise UserError(f"the base model at {config['base_uri']} is not the one this pair was logged with "
+                            f"(hash {config['base_model_hash']}); log the pair again against its base")
+        self.harness = load_harness(context.artifacts["harness"])
+        self.adapter = context.artifacts.get("adapter")
+        self.backend = get_backend("hf", model_dir=base_dir)
+
+    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        from rsi.execute import sampling_params
+        from rsi.parsers import get_parser
+
+        prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in _items(model_input)]
+        outputs = self.backend.generate(prompts, sampling_params(self.harness, seed=0, greedy=True),
+                                        adapter=self.adapter)
+        answer = self.harness.document.answer
+        parse = get_parser(answer.parser)
+        predictions = []
+        for prompt, (completion, *_) in zip(prompts, outputs, strict=True):
+            parsed = parse(completion.text, **answer.params)
+            predictions.append({"prompt": prompt, "completion": completion.text,
+                                "answer": parsed.value if parsed.ok else None,
+                                "finish_reason": completion.finish_reason})
+        return predictions
+
+
+def _items(model_input: Any) -> list[str | dict[str, Any]]:
+    """Prompt strings and task payloads from a list, one item, or a DataFrame (pyfunc may hand one)."""
+    if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):
+        columns = list(model_input.columns)
+        if len(columns) == 1 and columns[0] in ("prompt", 0):
+            return [str(p) for p in model_input[columns[0]].tolist()]
+        return model_input.to_dict(orient="records")
+    if isinstance(model_input, (str, dict)):
+        return [model_input]
+    return list(model_input)
+
+
+def pip_requirements() -> list[str]:
+    """The installed versions of what loading a pair imports (explicit: MLflow's inference is a slow subprocess)."""
+    pins = []
+    for name in REQUIREMENTS:
+        try:
+            pins.append(f"{name}=={version(name).split('+')[0]}")
+        except PackageNotFoundError:
+            pins.append(name)
+    return pins
+
+
+def log_base(registry: LineageRegistry, base_dir: Path, base_hash: str) -> str:
+    """The base model's artifact URI (``runs:/<run>/base``), logged once per base hash into the lineage's
+    experiment: a run carrying the hash is found again; one cut short (no completion tag) is logged afresh."""
+    tags = {ROLE_TAG: "base", BASE_HASH_TAG: base_hash}
+    found = registry.find_run(tags)
+    if found is not None and found.data.tags.get(BASE_COMPLETE_TAG) == "true":
+        return f"runs:/{found.info.run_id}/{BASE_ARTIFACT}"
+    if found is not None:
+        registry.client.delete_run(found.info.run_id)
+    run = registry.client.create_run(registry.experiment_id, run_name=f"base-{base_hash[:12]}",
+                                     tags=tags | {"mlflow.parentRunId": registry.lineage_run_id()})
+    run_id = run.info.run_id
+    registry.client.log_artifacts(run_id, str(base_dir), BASE_ARTIFACT)
+    registry.client.set_tag(run_id, BASE_COMPLETE_TAG, "true")
+    registry.client.set_terminated(run_id)
+    return f"runs:/{run_id}/{BASE_ARTIFACT}"
+
+
+def log_candidate(
+    registry: LineageRegistry,
+    run_id: str,
+    base_uri: str,
+    adapter_dir: Path | str | None,
+    harness_dir: Path | str,
+    *,
+    pair_id: str,
+    base_hash: str,
+    name: str = "candidate",
+) -> str:
+    """Log one pair as an MLflow 3 model into run ``run_id`` and return its model URI (``models:/m-...``).
+
+    The adapter is copied with ``base_model_name_or_path`` set to ``base_uri`` (a local path would not
+    exist on another machine). A model already logged for ``pair_id`` in this experiment is returned again,
+    so a rerun after a crash does not log the pair twice."""
+    # READY is checked here: the SQL store of MLflow 3.17 matches nothing on a "status = 'READY'" filter.
+    found = registry.client.search_logged_models([registry.experiment_id],
+                                                 filter_string=f"tags.`{PAIR_TAG}` = '{pair_id}'")
+    ready = [m for m in found if str(m.status) == "READY"]
+    if ready:
+        return f"models:/{ready[0].model_id}"
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts = {"harness": str(harness_dir)}
+        if adapter_dir is not None:
+            artifacts["adapter"] = str(portable_adapter(Path(adapter_dir), Path(tmp) / "adapter", base_uri))
+        code = Path(tmp) / "pair_model.py"  # models from code: the class is imported, not unpickled
+        code.write_text(MODEL_CODE)
+        with registry.resumed_run(run_id):
+            info = mlflow.pyfunc.log_model(
+                name=name, python_model=str(code), artifacts=artifacts,
+                model_config={"base_uri": base_uri, "base_model_hash": base_hash},
+                pip_requirements=pip_requirements(),
+                tags={PAIR_TAG: pair_id, BASE_HASH_TAG: base_hash, "rsi.base_uri": base_uri})
+    return info.model_uri
+
+
+def portable_adapter(adapter_dir: Path, out_dir: Path, base_uri: str) -> Path:
+    """A copy of the adapter whose config names the base by its MLflow URI instead of a local path (the
+    adapter's hash ignores that field, so the copy is the same adapter)."""
+    shutil.copytree(adapter_dir, out_dir)
+    config_file = out_dir / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = base_uri
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out_dir

@@ -1,0 +1,183 @@
+"""Lineage versions as MLflow 3 models, with real MLflow (SQLite), PEFT and torch on a tiny rsi base.
+
+A candidate registered as ``rsi-<lineage>`` loads by alias in a fresh process that knows only the tracking
+URI, and predicts what the hf backend predicts in-process for the same pair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rsi.config import Settings
+from rsi.hcp import load_harness, resolve_harness
+from rsi.lineage import LineageRegistry
+
+HARNESS = "addition/v2"
+PAYLOADS = [{"a": 1, "b": 2}, {"a": 12, "b": 34}, {"a": 305, "b": 17}, {"a": 8, "b": 9}]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny rsi base (60 steps: it writes digits, not sums) and a LoRA trained on it hard enough to change
+    its greedy replies (so a pair served without its adapter would show)."""
+    from rsi.basemodel import BaseRecipe, train_base
+    from rsi.parsers import digits_lsb
+    from rsi.select import Dataset, Example
+    from rsi.tasks import get_family
+    from rsi.train import TrainSpec, train_adapter
+
+    root = tmp_path_factory.mktemp("pair")
+    recipe = BaseRecipe(steps=60, warmup=5, lr=5e-3, batch_size=32, d_model=64, n_heads=2, intermediate_size=128,
+                        train_levels=(1, 2), level_weights=(1.0, 1.0))
+    train_base(recipe, root / "base", eval_n=8)
+    harness = load_harness(HARNESS)
+    tasks = get_family("addition").tasks("train", 0, 2, 16)
+    examples = tuple(Example(trajectory_id=t.id, level=t.level, prompt=harness.prompt(t.payload),
+                             completion=digits_lsb(t.answer, 11), source="frontier") for t in tasks)
+    spec = TrainSpec(steps=8, batch_size=8, lr=3e-2, warmup=0, lora_r=8, lora_alpha=32)
+    train_adapter(root / "base", None, Dataset(examples=examples), spec, root / "adapter", seed=0)
+    return {"base": root / "base", "adapter": root / "adapter"}
+
+
+@pytest.fixture(scope="module")
+def lineage(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Base logged, two candidates (the adapter pair and the base pair) logged and registered; champion set."""
+    from rsi.basemodel import model_hash
+    from rsi.mlmodel import log_base, log_candidate
+
+    settings = Settings(home=tmp_path_factory.mktemp("home"))
+    registry = LineageRegistry(settings, "mm")
+    base_hash = model_hash(pair["base"])
+    harness_dir = resolve_harness(HARNESS)
+    uris, versions, run_ids = [], [], []
+    for generation, adapter in ((1, pair["adapter"]), (2, None)):
+        base_uri = log_base(registry, pair["base"], base_hash)
+        with registry.start_run(f"gen-{generation:03d}", {"lineage": "mm", "generation": str(generation)}) as run:
+            run_id = run.info.run_id
+        pair_id = f"pair-{generation}"
+        uri = log_candidate(registry, run_id, base_uri, adapter, harness_dir, pair_id=pair_id, base_hash=base_hash)
+        tags = {"generation": generation, "pair_id": pair_id, "base_model_hash": base_hash, "gate": "promoted"}
+        uris.append(uri)
+        run_ids.append(run_id)
+        versions.append(registry.create_version(run_id, uri, tags))
+    registry.set_aliases(challenger=versions[1], champion=versions[0])
+    return {"settings": settings, "registry": registry, "base_uri": base_uri, "base_hash": base_hash,
+            "uris": uris, "versions": versions, "run_ids": run_ids}
+
+
+def hf_predictions(base: Path, adapter: Path | None, prompts: list[str]) -> list[tuple[str, Any]]:
+    """(completion, parsed answer) per prompt from the hf backend in this process: the cycle's own path."""
+    from rsi.backends import get_backend
+    from rsi.execute import sampling_params
+    from rsi.parsers import get_parser
+
+    harness = load_harness(HARNESS)
+    backend = get_backend("hf", model_dir=base)
+    outputs = backend.generate(prompts, sampling_params(harness, seed=0, greedy=True),
+                               adapter=str(adapter) if adapter else None)
+    backend.close()
+    answer = harness.document.answer
+    parsed = [get_parser(answer.parser)(out[0].text, **answer.params) for out in outputs]
+    return [(out[0].text, p.value if p.ok else None) for out, p in zip(outputs, parsed, strict=True)]
+
+
+LOAD_AND_PREDICT = """
+import json, sys
+import mlflow
+import pandas as pd
+payloads = json.loads(sys.argv[2])
+model = mlflow.pyfunc.load_model(sys.argv[1])
+prompts = [p["prompt"] for p in model.predict(payloads)]
+print(json.dumps({"payloads": model.predict(payloads), "prompts": model.predict(prompts),
+                  "frame": model.predict(pd.DataFrame(payloads)),
+                  "prompt_frame": model.predict(pd.DataFrame({"prompt": prompts}))}))
+"""
+
+
+@pytest.mark.slow
+def test_champion_loads_in_a_fresh_process_and_predicts_like_the_hf_backend(pair, lineage, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RSI_", "MLFLOW_"))}
+    env |= {"MLFLOW_TRACKING_URI": lineage["settings"].mlflow_uri, "RSI_HOME": str(tmp_path / "elsewhere")}
+    done = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, "models:/rsi-mm@champion", json.dumps(PAYLOADS)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    harness = load_harness(HARNESS)
+    prompts = [harness.prompt(p) for p in PAYLOADS]
+    expected = hf_predictions(pair["base"], pair["adapter"], prompts)
+    for key in ("payloads", "prompts", "frame", "prompt_frame"):
+        assert [p["prompt"] for p in got[key]] == prompts, key
+        assert [(p["completion"], p["answer"]) for p in got[key]] == expected, key
+    assert all(completion for completion, _ in expected)  # the base writes something for it to be a check
+    assert expected != hf_predictions(pair["base"], None, prompts)  # and the champion's adapter is in use
+
+
+@pytest.mark.slow
+def test_base_is_logged_once_and_referenced_not_copied(lineage, tmp_path: Path) -> None:
+    import mlflow
+
+    from rsi.mlmodel import log_base
+
+    registry = lineage["registry"]
+    bases = registry.client.search_runs([registry.experiment_id], "tags.`rsi.role` = 'base'")
+    assert [f"runs:/{r.info.run_id}/base" for r in bases] == [lineage["base_uri"]]
+    assert log_base(registry, Path("/nonexistent"), lineage["base_hash"]) == lineage["base_uri"]  # found, not logged
+    for i, uri in enumerate(lineage["uris"]):
+        local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / str(i))))
+        files = sorted(f.name for f in local.rglob("*") if f.is_file())
+        assert "MLmodel" in files and "hcp.toml" in files and "model.safetensors" not in files, files
+        config = mlflow.models.Model.load(str(local)).flavors["python_function"]["config"]
+        assert config == {"base_uri": lineage["base_uri"], "base_model_hash": lineage["base_hash"]}
+
+
+@pytest.mark.slow
+def test_logged_adapter_names_no_local_path_and_is_the_same_adapter(pair, lineage, tmp_path: Path) -> None:
+    import mlflow
+
+    from rsi.train import adapter_hash
+
+    local = Path(mlflow.artifacts.download_artifacts(lineage["uris"][0], dst_path=str(tmp_path))) / "artifacts/adapter"
+    config = json.loads((local / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == lineage["base_uri"]
+    assert str(pair["base"]) not in json.dumps(config)
+    assert adapter_hash(local) == adapter_hash(pair["adapter"])
+
+
+@pytest.mark.slow
+def test_versions_are_registered_from_the_model_uri_once_per_pair(pair, lineage) -> None:
+    from rsi.mlmodel import log_candidate
+
+    registry = lineage["registry"]
+    logged = log_candidate(registry, lineage["run_ids"][0], lineage["base_uri"], pair["adapter"],
+                           resolve_harness(HARNESS), pair_id="pair-1", base_hash=lineage["base_hash"])
+    assert logged == lineage["uris"][0]  # a rerun finds the pair's model instead of logging it again
+    versions = registry.versions()
+    assert [v.source for v in versions] == lineage["uris"]
+    assert [v.run_id for v in versions] == lineage["run_ids"]
+    assert versions[0].tags["pair_id"] == "pair-1" and versions[0].tags["gate"] == "promoted"
+    again = registry.create_version(lineage["run_ids"][0], lineage["uris"][0], {"pair_id": "pair-1"})
+    assert again == lineage["versions"][0] and len(registry.versions()) == 2
+    assert registry.alias("champion").version == versions[0].version
+
+
+def test_lineage_run_charts_generations_and_parents_their_runs(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    registry = LineageRegistry(settings, "charts")
+    registry.log_generation(1, {"acc_level_5": 0.25, "gate_p_value": 0.5, "gate_wins": 3.0})
+    registry.log_generation(2, {"acc_level_5": 0.75, "gate_p_value": 0.01, "gate_wins": 9.0})
+    again = LineageRegistry(settings, "charts")  # a rerun of generation 2 in a new process
+    again.log_generation(2, {"acc_level_5": 0.75, "gate_p_value": 0.01, "gate_wins": 9.0})
+    assert again.lineage_run_id() == registry.lineage_run_id()
+    history = registry.client.get_metric_history(registry.lineage_run_id(), "acc_level_5")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.25), (2, 0.75)]
+    with again.start_run("gen-003", {"generation": "3"}) as run:
+        pass
+    assert run.data.tags["mlflow.parentRunId"] == registry.lineage_run_id()
+    assert len(registry.client.search_runs([registry.experiment_id], "tags.`rsi.role` = 'lineage'")) == 1
