@@ -384,21 +384,30 @@ def register(config: CycleConfig, number: int, champ: Champion, selected: Select
     promote = judged.decision.promote
 
     def body() -> Registered:
+        from rsi.mlmodel import log_base, log_candidate
+
         run_id = trained.mlflow_run_id
         client = run.registry.client
-        client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")
+        client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")  # browsable beside the model
         client.log_artifacts(run_id, str(run.harness.path.parent), "candidate/harness")
         for level, acc in judged.candidate.items():
             client.log_metric(run_id, f"acc_level_{level}", acc)
+        base_uri = log_base(run.registry, run.base_dir, run.base_hash)  # once per base, then referenced
+        model_uri = log_candidate(run.registry, run_id, base_uri, trained.adapter_dir, run.harness.path.parent,
+                                  pair_id=judged.candidate_pair_id, base_hash=run.base_hash)
         tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged.candidate_pair_id,
                 "harness_id": run.harness.id, "harness_hash": run.harness.hash,
                 "contract_version": run.harness.contract_version, "base_model_hash": run.base_hash,
                 "dataset_digest": selected.digest, "gate": "promoted" if promote else "rejected",
                 "adapter_hash": trained.adapter_hash}
         tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
-        version = run.registry.create_version(run_id, "candidate", tags)
+        version = run.registry.create_version(run_id, model_uri, tags)
+        decision = judged.decision
+        run.registry.log_generation(gen.number, {f"acc_level_{level}": acc for level, acc in judged.candidate.items()}
+                                    | {"gate_p_value": decision.p_value, "gate_wins": decision.wins,
+                                       "gate_losses": decision.losses, "promoted": float(promote)})
         log_improvement_plot(run, run_id, extra=(gen.number, "promoted" if promote else "rejected", judged))
-        return Registered(version=version, promoted=promote)
+        return Registered(version=version, promoted=promote, model_uri=model_uri)
 
     def finish(s, result: Registered) -> None:
         row = s.get(Generation, gen.id)

@@ -194,7 +194,31 @@ def test_mlflow_ui_shows_the_model_its_champion_alias_and_the_climb(served: Serv
     page.get_by_text("rsi-climb").first.wait_for(timeout=60_000)
     page.get_by_text("@ champion", exact=False).first.wait_for(timeout=60_000)
     shoot(page, "mlflow-registered-model")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=ui)
+    experiment = client.get_experiment_by_name("rsi/climb").experiment_id
+    lineage_run = client.search_runs([experiment], "tags.`rsi.role` = 'lineage'")[0].info.run_id
+    assert [m.step for m in client.get_metric_history(lineage_run, "acc_level_1")] == [1]
+    page.goto(f"{ui}/#/experiments/{experiment}/runs/{lineage_run}/model-metrics")
+    page.get_by_text("acc_level_1").first.wait_for(timeout=60_000)  # one chart per level, x = generation
+    page.wait_for_timeout(2000)
+    shoot(page, "mlflow-lineage-metrics")
     page.close()
+
+
+def test_champion_loads_as_a_pyfunc_from_the_server_in_a_new_process(served: Served, tmp_path) -> None:
+    """Only MLFLOW_TRACKING_URI is set: the model, its adapter and the referenced base come from the server."""
+    code = ("import json, mlflow; m = mlflow.pyfunc.load_model('models:/rsi-climb@champion'); "
+            "print(json.dumps(m.predict([{'a': 1, 'b': 2}, {'a': 3, 'b': 4}])))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RSI_", "MLFLOW_"))}
+    env |= {"MLFLOW_TRACKING_URI": served.stack["mlflow_tracking_uri"], "RSI_HOME": str(tmp_path / "elsewhere")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    predictions = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(predictions) == 2 and all({"completion", "answer"} <= set(p) for p in predictions)
+    assert not (tmp_path / "elsewhere").exists()  # nothing was read from or written to a local rsi home
 
 
 def test_stack_down_leaves_no_process(served: Served) -> None:
