@@ -227,3 +227,48 @@ def test_same_samples_in_a_fresh_process(backend: HFBackend, model_dir: Path) ->
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == texts(backend.generate(PROMPTS, SAMPLED))
+
+
+
+def test_a_rows_logits_do_not_depend_on_the_rest_of_its_call(model_dir: Path, adapters: tuple[Path, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What lets a runner split a call into shards (rsi.runners): each row's logits are bit-identical in the
+    whole call, in shards of it and at other batch sizes, whatever torch's thread count outside the call. Rows
+    are keyed by their sampling seed; the prompts differ in length; batch size 2 and 3 put 1-3 rows in a
+    forward pass, where CPU matmuls would take another kernel without the backend's filler rows."""
+    import rsi.backends.hf as hf
+
+    seen: dict[int, list[bytes]] = {}
+    pick = hf._pick
+
+    def recording(logits_B_V, params, generators):
+        for row, g in zip(logits_B_V, generators, strict=True):
+            seen.setdefault(g.initial_seed(), []).append(row.numpy().tobytes())
+        return pick(logits_B_V, params, generators)
+
+    monkeypatch.setattr(hf, "_pick", recording)
+    prompts = PROMPTS * 2  # repeats: their seeds count earlier occurrences, so a prompt's copies share a shard
+    some, rest = [p for p in prompts if p in PROMPTS[:3]], [p for p in prompts if p not in PROMPTS[:3]]
+    runs = []
+    torch.set_num_threads(2)
+    try:
+        for batch_size, shards in ((256, [prompts]), (2, [prompts]), (3, [rest, some])):
+            seen.clear()
+            backend = HFBackend(model_dir, batch_size=batch_size)
+            outputs = {}
+            for shard in shards:
+                for i, (prompt, samples) in enumerate(zip(shard, texts(backend.generate(shard, SAMPLED,
+                                                                                         adapter=str(adapters[0]))))):
+                    outputs[prompt, shard[:i].count(prompt)] = samples
+            runs.append((outputs, {seed: logits for seed, logits in seen.items() if seed}))  # 0: filler rows
+            backend.close()
+            assert torch.get_num_threads() == 2  # the call's one thread was restored
+    finally:
+        torch.set_num_threads(1)
+    (texts_0, logits_0), others = runs[0], runs[1:]
+    assert len(logits_0) == len(prompts) * SAMPLED.n
+    for outputs, logits in others:
+        assert outputs == texts_0 and logits.keys() == logits_0.keys()
+        for seed, steps in logits.items():  # finished rows may stay as fillers: compare the steps they ran for
+            n = min(len(steps), len(logits_0[seed]))
+            assert steps[:n] == logits_0[seed][:n]

@@ -8,10 +8,14 @@ same greedy text.
 
 Determinism: greedy decoding is a pure function of the logits. Sampling draws one uniform number per
 generated token from a per-row ``torch.Generator`` seeded from (seed, prompt text, occurrence of that
-text in the call, sample index), so a row's samples do not depend on the other prompts in the call or
-on the batch size, up to floating-point differences in the logits (CPU matmuls of different batch
-shapes may differ in the last bits). Same inputs on the same machine and thread count give identical
-outputs, call after call and across processes.
+text in the call, sample index). A row's logits are bit-identical whatever else is in the call, so a call
+can be split into shards (``rsi.runners``) without changing a sample. On CPU that takes three choices,
+each measured necessary (``tests/test_backend_hf.py``): decoding uses one intra-op thread (with two, the
+attention output depends on the thread count and the batch size: half the rows of a 2,952-row call differed
+in the last bits); only prompts of equal token length share a batch (left padding moves the logits by
+~1e-6); and every forward pass has at least ``MIN_ROWS`` rows (matmuls of 1-3 rows take another kernel).
+Parallelism comes from processes instead: a 1M-param model gains little from threads, and on a busy
+2-core CPU one thread decoded 3x faster than two.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import threading
 import time
 import warnings
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,6 +39,10 @@ from rsi.backends.base import Completion, SamplingParams
 from rsi.errors import UserError
 
 MAX_LOADED_ADAPTERS = 8
+# Fewest rows in a forward pass. CPU matmuls of 1-3 rows take another kernel than 4 or more (other last bits,
+# measured with torch 2.13 on this machine's CPU), so a row's logits would depend on how many others decode
+# with it; 8 leaves a margin for other CPUs.
+MIN_ROWS = 8
 _ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
@@ -53,12 +61,12 @@ class HFBackend:
     """A local Hugging Face causal LM (float32, CPU, eval mode) with LoRA adapters switched in place.
 
     ``generate_s`` of a completion is the wall time of its batch divided by the rows in that batch.
-    ``threads`` sets torch's process-wide intra-op thread count (on a shared or busy CPU, 1 is often
-    several times faster than the default, which spins threads against the other load).
+    ``threads``: torch's intra-op thread count while generating (restored after each call); 1 keeps a
+    row's output independent of the batch (see above), None leaves torch's setting.
     Calls are serialized by a lock, so threads of a pool may share one backend.
     """
 
-    def __init__(self, model_dir: str | Path, *, batch_size: int = 256, threads: int | None = None) -> None:
+    def __init__(self, model_dir: str | Path, *, batch_size: int = 256, threads: int | None = 1) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model_dir = Path(model_dir).expanduser().resolve()
@@ -66,10 +74,9 @@ class HFBackend:
             raise UserError(f"no Hugging Face model at {model_dir} (config.json missing); pass a saved model directory")
         if batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {batch_size}")
-        if threads is not None:
-            torch.set_num_threads(threads)
         self.model_dir = model_dir
         self.batch_size = batch_size
+        self.threads = threads
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         # Loaded in its saved dtype, then cast: works across transformers versions (torch_dtype vs dtype).
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).float().eval()
@@ -93,11 +100,14 @@ class HFBackend:
         if self.model is None:
             raise RuntimeError("HFBackend is closed")
         rows = self._make_rows(prompts, params)
-        with self._lock, self._use_adapter(adapter), torch.inference_mode():
-            # Similar lengths share a batch so little compute goes to padding.
-            ordered = sorted(rows, key=lambda r: len(r.prompt_ids))
-            for start in range(0, len(ordered), self.batch_size):
-                self._decode_batch(ordered[start : start + self.batch_size], params)
+        by_length: dict[int, list[_Row]] = {}
+        for row in rows:  # equal lengths only share a batch: no padding, so no row depends on another's length
+            by_length.setdefault(len(row.prompt_ids), []).append(row)
+        with self._lock, _intra_op_threads(self.threads), self._use_adapter(adapter), torch.inference_mode():
+            for length in sorted(by_length):
+                group = by_length[length]
+                for start in range(0, len(group), self.batch_size):
+                    self._decode_batch(group[start : start + self.batch_size], params)
         completions = [self._completion(row, params) for row in rows]
         if params.temperature == 0:  # greedy samples are identical; one row per prompt was decoded
             return [[c] * params.n for c in completions]
@@ -148,12 +158,15 @@ class HFBackend:
     # ---- decoding ---------------------------------------------------------------------------------
 
     def _decode_batch(self, rows: list[_Row], params: SamplingParams) -> None:
-        """Decode one batch in place; rows leave the batch (and its KV cache) as they finish."""
+        """Decode one batch in place; rows leave the batch (and its KV cache) as they finish, except that every
+        forward pass keeps at least ``MIN_ROWS`` rows: filler rows top up a small batch, finished rows stay while
+        fewer are running (their further tokens are discarded)."""
         started = time.perf_counter()
-        ids_B_T, mask_B_T = _left_pad([r.prompt_ids for r in rows], self._pad_id)
+        batch = rows + [_Row(rows[0].prompt_ids, seed=0, finish_reason="stop") for _ in range(MIN_ROWS - len(rows))]
+        ids_B_T, mask_B_T = _left_pad([r.prompt_ids for r in batch], self._pad_id)
         pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator().manual_seed(r.seed) for r in rows] if params.temperature > 0 else []
-        live = list(range(len(rows)))  # batch slot -> index into rows
+        generators = [torch.Generator().manual_seed(r.seed) for r in batch] if params.temperature > 0 else []
+        live = list(range(len(batch)))  # batch slot -> index into batch
         cache = None
         stop_window = max((len(s) for s in params.stop), default=0) + 2  # tokens decoded to look for a stop
         for _ in range(params.max_new_tokens):
@@ -167,9 +180,12 @@ class HFBackend:
             )
             cache = getattr(out, self._cache_kw)
             next_B = _pick(out.logits[:, -1, :].float(), params, [generators[i] for i in live] if generators else [])
-            keep = [slot for slot, tok in enumerate(next_B.tolist()) if self._advance(rows[live[slot]], tok, params, stop_window)]
-            if not keep:
+            running = [slot for slot, tok in enumerate(next_B.tolist()) if batch[live[slot]].finish_reason is None
+                       and self._advance(batch[live[slot]], tok, params, stop_window)]
+            if not running:
                 break
+            idle = [slot for slot in range(len(live)) if slot not in set(running)]
+            keep = sorted(running + idle[:max(0, MIN_ROWS - len(running))])
             if len(keep) < len(live):
                 index = torch.tensor(keep)
                 cache.batch_select_indices(index)
@@ -235,6 +251,19 @@ class HFBackend:
 
 
 # ---- helpers --------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the block (None: unchanged)."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads is not None:
+            torch.set_num_threads(previous)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
