@@ -28,6 +28,28 @@ def rsi_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+# Session fixtures of the cycle's tests (test_cycle, test_ray, test_stack) live here: a fixture imported
+# from another test module is a second fixture, and its session would train the base again.
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny profile's base model, trained once per test session (or found in RSI_TEST_BASE_CACHE, an
+    RSI_HOME kept between sessions: the base is cached there by recipe digest)."""
+    from rsi.basemodel import BaseRecipe, ensure_base
+    from rsi.config import Settings
+    from rsi.cycle import load_config
+
+    home = Path(os.environ.get("RSI_TEST_BASE_CACHE") or tmp_path_factory.mktemp("base-home"))
+    return ensure_base(Settings(home=home), BaseRecipe(**load_config("tiny").base_recipe))
+
+
 @pytest.fixture(scope="session")
 def postgres_server_url() -> Iterator[str]:
     """URL of a database created for this test session on the PostgreSQL server, dropped at the end."""

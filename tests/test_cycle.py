@@ -25,26 +25,6 @@ TAGS = ("generation", "parent_version", "pair_id", "harness_id", "harness_hash",
         "base_model_hash", "dataset_digest", "gate")
 
 
-@pytest.fixture(scope="session")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny profile's base model, trained once per test session (or found in RSI_TEST_BASE_CACHE, an
-    RSI_HOME kept between sessions: the base is cached there by recipe digest)."""
-    from rsi.basemodel import BaseRecipe, ensure_base
-    from rsi.config import Settings
-    from rsi.cycle import load_config
-
-    home = Path(os.environ.get("RSI_TEST_BASE_CACHE") or tmp_path_factory.mktemp("base-home"))
-    return ensure_base(Settings(home=home), BaseRecipe(**load_config("tiny").base_recipe))
-
-
 def seed_home(home: Path, base: Path) -> None:
     """Give an RSI_HOME the already-built tiny base (it is cached by recipe hash)."""
     target = home / "models" / base.name

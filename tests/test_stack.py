@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from .conftest import REPO
-from .test_cycle import seed_home, tiny_base  # noqa: F401 - the session's tiny base, built once
+from .test_cycle import seed_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # one real generation, scheduled
 SCREENSHOTS = Path(os.environ.get("RSI_TEST_OUTPUT", REPO / "test-output")) / "screenshots"
@@ -65,7 +65,7 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_base, tmp_path_factory) -> Iterator[Served]:  # noqa: F811
+def served(tiny_base, tmp_path_factory) -> Iterator[Served]:
     """`rsi stack up`, `rsi deploy climb` (hourly), one run due now, `rsi worker --run-once`."""
     s = Served(tmp_path_factory.mktemp("stack-home"))
     seed_home(s.home, tiny_base)
