@@ -49,14 +49,14 @@ from prefect.runtime import flow_run as current_flow_run  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 from sqlalchemy import select as sql_select  # noqa: E402
 
-from rsi.audit import audit, prompt_text  # noqa: E402
+from rsi.audit import prompt_text  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
 from rsi.cycle import (  # noqa: E402
     Audited, Champion, CycleConfig, Discovered, Executed, Judged, LineageRun, Registered, Selected, Trained,
     current_run, fault_point, holding_lease, latest_harness, load_config, open_run,
 )
 from rsi.errors import RsiError  # noqa: E402
-from rsi.execute import rollout, sampling_params  # noqa: E402
+from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
@@ -145,7 +145,7 @@ def execute(config: CycleConfig, number: int, champ: Champion, found: Discovered
         tasks = [task_from_row(rows[i]) for i in found.task_ids]
         params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         start = time.perf_counter()
-        trajectories = rollout(tasks, run.harness, run.backend, champ.pair_id, params, adapter=champ.adapter_dir)
+        trajectories = run.runner.rollout(tasks, champ.pair_id, params, adapter=champ.adapter_dir)
         with run.write() as s:
             put_trajectories(s, trajectories, generation_id=gen.id)
         return Executed(trajectories=len(trajectories), tasks=len(tasks), seconds=time.perf_counter() - start,
@@ -165,7 +165,7 @@ def audit_stage(config: CycleConfig, number: int, champ: Champion, executed: Exe
     def body() -> Audited:
         trajectories, tasks = load_trajectories(run, executed.ids)
         pair = run.load_pair(champ.pair_id)
-        verdicts = [audit(t, tasks[t.task_id], run.harness, run.family, pair) for t in trajectories]
+        verdicts = run.runner.audit(trajectories, tasks, pair)
         with run.write() as s:
             put_verdicts(s, verdicts)
         failures = Counter(rule for v in verdicts for rule in v.failed_rules())

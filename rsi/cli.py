@@ -324,6 +324,10 @@ def run_cmd(
     harness: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/v2) or directory; "
                                                                   "default: the family's newest shipped version"),
     sets: list[str] = SETS,
+    runner: str | None = typer.Option(None, "--runner", help="local (in process, default) or ray (execute, audit "
+                                      "and evaluation in shards on RAY_ADDRESS, a `ray start --head`, else a Ray "
+                                      "started for the run; pip install 'rsi[ray]')"),
+    shards: int | None = typer.Option(None, "--shards", min=0, help="ray: shards per stage (0: one per Ray CPU)"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -335,6 +339,7 @@ def run_cmd(
 
     config = load_config(profile, **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness or latest_harness(family), "backend": backend,
+                                     "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
     from flows.cycle import run_lineage
 

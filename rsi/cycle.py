@@ -26,11 +26,12 @@ from sqlalchemy.orm import Session
 from rsi.config import Settings
 from rsi.curriculum import CurriculumSpec, LevelPlan
 from rsi.errors import RuntimeFailure, UserError
-from rsi.evaluate import LevelScore, evaluate, expressible
+from rsi.evaluate import LevelScore, expressible
 from rsi.gate import GateDecision, GateSpec
 from rsi.hashing import digest
 from rsi.hcp import Harness, load_harness
 from rsi.models import Pair
+from rsi.runners import Runner, make_runner
 from rsi.select import SelectionSpec
 from rsi.store import Store, open_store
 from rsi.store.schema import EvaluationRow, Generation, Lease, Lineage, PairRow, StageRun, utcnow
@@ -64,10 +65,15 @@ class CycleConfig(BaseModel):
     target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
     plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
     corrupt_training_data: bool = Field(False, description="TEST SWITCH: train on shuffled answers")
+    runner: Literal["local", "ray"] = Field("local", description="where execute, audit and evaluation run "
+                                            "(rsi.runners): in this process, or in shards on a Ray cluster")
+    shards: int = Field(0, ge=0, description="ray runner: shards per stage (0: one per CPU of the Ray cluster)")
 
     @property
     def digest(self) -> str:
-        return digest(self.model_dump(mode="json"))
+        """What the results depend on: every field except where they are computed (a runner gives the same
+        results as any other), so a lineage started with one runner continues under another."""
+        return digest(self.model_dump(mode="json", exclude={"runner", "shards"}))
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -293,6 +299,7 @@ class LineageRun:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "
                             f"not {self.family.name!r}")
         self._refuse_unsupported()
+        self.runner: Runner = make_runner(self)  # where execute, audit and evaluation run (rsi.runners)
         self.holder: str | None = None  # set by acquire(): this run's lease holder id and fencing token
         self.token: int | None = None
         self.lease_problem: str | None = None  # set by the heartbeat when the lease is lost
@@ -503,8 +510,8 @@ class LineageRun:
         found = self._stored_scores([pair_id], levels, split).get(pair_id, {})
         missing = [lvl for lvl in levels if lvl not in found]
         if missing:
-            new = evaluate(self.harness, self.family, self.backend, pair_id, missing, self.config.eval_n,
-                           lineage_seed=self.config.seed, adapter=adapter_dir, split=split)
+            new = self.runner.evaluate(pair_id, missing, self.config.eval_n, lineage_seed=self.config.seed,
+                                       adapter=adapter_dir, split=split)
             with self.write() as s:
                 for sc in new:
                     s.add(EvaluationRow(pair_id=pair_id, generation_id=generation_id, level=sc.level, split=split,
@@ -553,6 +560,7 @@ class LineageRun:
     def close(self) -> None:
         if _OPEN.get(_key(self.config, self.settings)) is self:
             del _OPEN[_key(self.config, self.settings)]
+        self.runner.close()
         if "backend" in self.__dict__:
             self.backend.close()
         self.store.dispose()

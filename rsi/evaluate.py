@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from rsi.audit import audit
-from rsi.backends.base import GenerationBackend
+from rsi.backends.base import GenerationBackend, SamplingParams
 from rsi.errors import UserError
 from rsi.execute import rollout, sampling_params
 from rsi.hcp import Harness
-from rsi.models import Split
+from rsi.models import Split, Task
 from rsi.splits import stream_seed
 from rsi.tasks import TaskFamily
 
@@ -78,17 +78,35 @@ def evaluate(
 ) -> list[LevelScore]:
     """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on up to ``n`` distinct
     tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer)."""
+    tasks, params = evaluation_tasks(harness, family, levels, n, lineage_seed=lineage_seed, k=k, split=split)
+    return level_scores(tasks, solved(tasks, harness, family, backend, pair_id, params, adapter), levels, n, k)
+
+
+def evaluation_tasks(harness: Harness, family: TaskFamily, levels: Sequence[int], n: int, *, lineage_seed: int,
+                     k: int, split: Split) -> tuple[list[Task], SamplingParams]:
+    """The tasks an evaluation poses, level by level, and how it decodes them."""
     if split == "train":
         raise UserError("evaluation reads the heldout or test split; train tasks are what the model learns from")
     seed = stream_seed(split, lineage_seed)
     params = sampling_params(harness, seed=seed, greedy=k == 1, samples=k)
-    tasks = [t for level in levels for t in family.tasks(split, seed, level, n)]
+    return [t for level in levels for t in family.tasks(split, seed, level, n)], params
+
+
+def solved(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend, pair_id: str,
+           params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+    """Per task id: whether at least one of its samples passes the audit. Tasks are independent, so a
+    runner may solve them in shards and merge the answers."""
     trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
     by_task = {t.id: t for t in tasks}
-    solved: dict[str, bool] = {}
+    out: dict[str, bool] = {}
     for traj in trajectories:
         ok = audit(traj, by_task[traj.task_id], harness, family).passed
-        solved[traj.task_id] = solved.get(traj.task_id, False) or ok
+        out[traj.task_id] = out.get(traj.task_id, False) or ok
+    return out
+
+
+def level_scores(tasks: Sequence[Task], solved: dict[str, bool], levels: Sequence[int], n: int,
+                 k: int) -> list[LevelScore]:
     decoding = "greedy" if k == 1 else f"pass@{k}"
     scores = []
     for level in levels:
