@@ -64,8 +64,9 @@ class Settings(BaseSettings):
         ``active``); None: Prefect's ephemeral API, kept under ``prefect_home``."""
         if self.prefect_api_url or os.environ.get("PREFECT_API_URL"):
             return self.prefect_api_url or os.environ["PREFECT_API_URL"]
-        if running_stack(self.home).get("prefect_api_url"):
-            return running_stack(self.home)["prefect_api_url"]
+        stack_api = running_stack(self.home).get("prefect_api_url")
+        if stack_api:
+            return stack_api
         default = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser() / "profiles.toml"
         path = Path(os.environ.get("PREFECT_PROFILES_PATH", default)).expanduser()
         try:
