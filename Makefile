@@ -1,6 +1,6 @@
 # Two commands: `make demo` runs the RSI demo on the embedded default, `make test` runs the tests.
 # Each creates or refreshes .venv first: torch 2.13.0 (the CPU wheel where one lies on disk) before
-# anything that depends on it, so pip never pulls a CUDA build, then this project with its dev and trl extras.
+# anything that depends on it, so pip never pulls a CUDA build, then this project with its dev, trl and ray extras.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q torch
-	$(BIN)/python -m pip install -q -e ".[dev,trl]"
+	$(BIN)/python -m pip install -q -e ".[dev,trl,ray]"
 	touch $@
 
 # The RSI demo on the embedded default: SQLite state DB, local MLflow and Prefect's ephemeral API, all in
