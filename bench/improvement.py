@@ -175,7 +175,7 @@ def test_scores(run, adapter: str | None, levels: list[int]) -> dict[int, dict[s
 
     pair = run.pair(adapter_hash(Path(adapter)) if adapter else None)
     run.save_pair(pair, adapter, None)
-    scores = run.scores(pair.id, adapter, levels, split="test")
+    scores = run.scores(pair, adapter, levels, split="test")
     return {lvl: {"accuracy": sc.accuracy, "ci_low": sc.ci_low, "ci_high": sc.ci_high, "n": sc.n}
             for lvl, sc in scores.items()}
 
@@ -204,7 +204,7 @@ def run_seed(profile: str, seed: int, generations: int, root: Path) -> dict[str,
             adapter, rounds_log[name] = arm(run, rounds, root / name / f"seed-{seed}")
             seconds[name] = time.perf_counter() - started
             finals[name] = str(adapter) if adapter else None
-        levels = list(range(1, run.max_level + 1))  # every level the harness can pose
+        levels = list(range(1, run.max_level(run.harness) + 1))  # every level the harness can pose
         scores, eval_seconds = {}, {}
         for name in ARMS:
             started = time.perf_counter()

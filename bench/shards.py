@@ -45,21 +45,21 @@ def workload(run):
     tasks = [rows[i] for i in found.task_ids]
     params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, 1))
     reached = [*found.accuracy, *found.frontier_levels]
-    levels = list(range(1, min(max(reached) + 1, run.max_level) + 1))
+    levels = list(range(1, min(max(reached) + 1, run.max_level(run.harness)) + 1))
     return champ, tasks, params, levels
 
 
 def one_pass(runner, run, champ, tasks, params, levels) -> tuple[dict[str, float], dict]:
     """Seconds per stage and the outputs (to compare runners)."""
     seconds, started = {}, time.perf_counter()
-    trajectories = runner.rollout(tasks, champ.pair_id, params)
+    trajectories = runner.rollout(run.harness, tasks, champ.pair_id, params)
     seconds["execute"] = time.perf_counter() - started
     started = time.perf_counter()
-    verdicts = runner.audit(trajectories, {t.id: t for t in tasks}, run.load_pair(champ.pair_id))
+    verdicts = runner.audit(run.harness, trajectories, {t.id: t for t in tasks}, run.load_pair(champ.pair_id))
     seconds["audit"] = time.perf_counter() - started
     started = time.perf_counter()
-    scores = runner.evaluate(champ.pair_id, levels, run.config.eval_n, lineage_seed=run.config.seed, adapter=None,
-                             split="heldout")
+    scores = runner.evaluate(run.harness, champ.pair_id, levels, run.config.eval_n, lineage_seed=run.config.seed,
+                             adapter=None, split="heldout")
     seconds["evaluate"] = time.perf_counter() - started
     outputs = {"trajectories": [(t.id, t.completion) for t in trajectories],
                "verdicts": [v.model_dump(mode="json") for v in verdicts],

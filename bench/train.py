@@ -77,7 +77,7 @@ def generation_one_data(run, levels: list[int], eval_n: int) -> tuple[Any, dict[
 
     config, started = run.config, time.perf_counter()
     accuracy = heldout(run, None, levels, eval_n)
-    plan = plan_levels(accuracy, run.curriculum)
+    plan = plan_levels(accuracy, run.curriculum(run.harness))
     mastered = frontier(accuracy, config.curriculum.mastery)
     seed = stream_seed("rollout", config.seed, 1)
     tasks = [t for p in plan for t in run.family.tasks("train", seed, p.level, p.n_tasks)]
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="rsi-bench-train-"))
     try:
         run = open_run(args.profile, root)
-        levels = list(range(1, min(args.levels, run.max_level) + 1))
+        levels = list(range(1, min(args.levels, run.max_level(run.harness)) + 1))
         spec = run.config.train.model_copy(update={"steps": args.steps} if args.steps else {})
         eval_n = args.eval_n or run.config.eval_n
         dataset, data = generation_one_data(run, levels, eval_n)

@@ -1,7 +1,10 @@
 """The RSI cycle as Prefect flows, stage by stage in the order it runs.
 
-``rsi-cycle`` runs one generation: discover -> execute -> audit -> select -> train -> evaluate/gate ->
-register. ``rsi-lineage`` runs generations until the target level is mastered, the candidates plateau,
+``rsi-cycle`` runs one generation: discover -> [search] -> execute -> audit -> select -> train ->
+evaluate/gate -> register. ``search`` (candidate harnesses, see ``search_harness``) runs when the champion's
+harness holds progress back; a candidate it adopts is the generation's successor (a harness generation:
+discover -> search -> register). ``rsi-lineage`` runs generations until the target level is mastered, the
+candidates plateau,
 or the generation budget is spent. Each stage's result is persisted in the state DB under (lineage,
 generation, stage, inputs hash), so a run started again after a crash skips what already finished and
 ends with the same lineage it would have produced uninterrupted.
@@ -49,20 +52,28 @@ from prefect.runtime import flow_run as current_flow_run  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 from sqlalchemy import select as sql_select  # noqa: E402
 
+from rsi.attribution import attribute  # noqa: E402
+from rsi.attribution import summary as attribution_summary  # noqa: E402
+from rsi.attribution import table as attribution_table  # noqa: E402
 from rsi.audit import prompt_text  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
 from rsi.cycle import (  # noqa: E402
-    Audited, Champion, CycleConfig, Discovered, Executed, Judged, LineageRun, Registered, Selected, Trained,
-    current_run, fault_point, holding_lease, latest_harness, load_config, open_run,
+    Audited, Champion, CycleConfig, Discovered, Executed, HarnessCandidate, HarnessSearchSpec, Judged, LineageRun,
+    Registered, Searched, Selected, Trained, current_run, fault_point, holding_lease, latest_harness, load_config,
+    open_run,
 )
 from rsi.errors import RsiError  # noqa: E402
 from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
+from rsi.hcp import Harness  # noqa: E402
+from rsi.migrate import rerender  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
 from rsi.splits import stream_seed  # noqa: E402
-from rsi.store.records import put_tasks, put_trajectories, put_verdicts, task_from_row, trajectory_from_row  # noqa: E402
+from rsi.store.records import (  # noqa: E402
+    load_attribution, put_tasks, put_trajectories, put_verdicts, store_attribution, task_from_row, trajectory_from_row,
+)
 from rsi.store.schema import DatasetItem, DatasetRow, Generation, TaskRow, TrajectoryRow, VerdictRow, utcnow  # noqa: E402
 from rsi.train import train_adapter  # noqa: E402
 
@@ -104,7 +115,10 @@ def discover(config: CycleConfig, number: int, champ: Champion) -> Discovered:
 
     def body() -> Discovered:
         accuracy = champion_accuracy(run, champ, gen)
-        plan = plan_levels(accuracy, run.curriculum)
+        plan = plan_levels(accuracy, run.curriculum(run.harness_of(champ)))
+        posable = {p.level for p in plan}
+        unposable = {p.level: p.n_tasks for p in plan_levels(accuracy, run.config.curriculum) if p.level not in posable
+                     and p.level > run.max_level(run.harness_of(champ))}
         mastered = frontier(accuracy, run.config.curriculum.mastery)
         seed = stream_seed("rollout", run.config.seed, gen.number)
         tasks = [t for p in plan for t in run.family.tasks("train", seed, p.level, p.n_tasks)]
@@ -115,7 +129,8 @@ def discover(config: CycleConfig, number: int, champ: Champion) -> Discovered:
         with run.write() as s:
             put_tasks(s, tasks)
         return Discovered(accuracy=accuracy, frontier=mastered, plan=plan, task_ids=[t.id for t in tasks],
-                          frontier_levels=[p.level for p in plan], replay_levels=list(replay_levels))
+                          frontier_levels=[p.level for p in plan], replay_levels=list(replay_levels),
+                          unposable=unposable)
 
     return run.run_stage(gen, "discover", {"champion": champ.pair_id}, body)
 
@@ -123,11 +138,11 @@ def discover(config: CycleConfig, number: int, champ: Champion) -> Discovered:
 def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict[int, float]:
     """Held-out greedy accuracy of the champion, from level 1 up to where it stops being admissible."""
     top = max(run.recipe.train_levels) + run.config.eval_headroom
-    ceiling = run.max_level
-    scores = run.scores(champ.pair_id, champ.adapter_dir, list(range(1, min(top, ceiling) + 1)), gen.id)
+    ceiling = run.max_level(run.harness_of(champ))
+    scores = run.scores(champ, champ.adapter_dir, list(range(1, min(top, ceiling) + 1)), gen.id)
     while top < ceiling and scores[top].accuracy >= run.config.curriculum.admit:
         top += 1
-        scores |= run.scores(champ.pair_id, champ.adapter_dir, [top], gen.id)
+        scores |= run.scores(champ, champ.adapter_dir, [top], gen.id)
     return {lvl: sc.accuracy for lvl, sc in scores.items()}
 
 
@@ -143,9 +158,10 @@ def execute(config: CycleConfig, number: int, champ: Champion, found: Discovered
         with run.store.session() as s:
             rows = {r.id: r for r in s.scalars(sql_select(TaskRow).where(TaskRow.id.in_(found.task_ids)))}
         tasks = [task_from_row(rows[i]) for i in found.task_ids]
-        params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number))
+        harness = run.harness_of(champ)
+        params = sampling_params(harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         start = time.perf_counter()
-        trajectories = run.runner.rollout(tasks, champ.pair_id, params, adapter=champ.adapter_dir)
+        trajectories = run.runner.rollout(harness, tasks, champ.pair_id, params, adapter=champ.adapter_dir)
         with run.write() as s:
             put_trajectories(s, trajectories, generation_id=gen.id)
         return Executed(trajectories=len(trajectories), tasks=len(tasks), seconds=time.perf_counter() - start,
@@ -158,21 +174,24 @@ def execute(config: CycleConfig, number: int, champ: Champion, found: Discovered
 # 3. audit: the external auditor judges every stored trajectory under the harness's contract
 # --------------------------------------------------------------------------------------------------------
 @task(name="audit", task_run_name="audit-gen-{number:03d}", cache_policy=NO_CACHE)
-def audit_stage(config: CycleConfig, number: int, champ: Champion, executed: Executed) -> Audited:
+def audit_stage(config: CycleConfig, number: int, champ: Champion, found: Discovered, executed: Executed) -> Audited:
     run = current_run(config)
     gen = run.generation_row(number)
 
     def body() -> Audited:
         trajectories, tasks = load_trajectories(run, executed.ids)
         pair = run.load_pair(champ.pair_id)
-        verdicts = run.runner.audit(trajectories, tasks, pair)
+        verdicts = run.runner.audit(run.harness_of(champ), trajectories, tasks, pair)
+        blame = attribute(trajectories, {v.trajectory_id: v for v in verdicts}, tasks, found.unposable)
         with run.write() as s:
             put_verdicts(s, verdicts)
+            store_attribution(s, gen.id, blame)
         failures = Counter(rule for v in verdicts for rule in v.failed_rules())
         return Audited(audited=len(verdicts), passed=sum(v.passed for v in verdicts), failed_by_rule=dict(failures),
-                       pass_rates=pass_rates(trajectories, tasks, {v.trajectory_id: v.passed for v in verdicts}))
+                       pass_rates=pass_rates(trajectories, tasks, {v.trajectory_id: v.passed for v in verdicts}),
+                       attribution=attribution_summary(blame))
 
-    return run.run_stage(gen, "audit", {"trajectories": list(executed.ids), "contract": run.harness.hash}, body)
+    return run.run_stage(gen, "audit", {"trajectories": list(executed.ids), "contract": champ.harness_hash}, body)
 
 
 def load_trajectories(run: LineageRun, ids) -> tuple[list[Trajectory], dict[str, Task]]:
@@ -202,7 +221,8 @@ def pass_rates(trajectories, tasks, passed: dict[str, bool]) -> dict[int, dict[s
 # 4. select: passed trajectories only, filtered, plus replay of earlier generations' selections
 # --------------------------------------------------------------------------------------------------------
 @task(name="select", task_run_name="select-gen-{number:03d}", cache_policy=NO_CACHE)
-def select_stage(config: CycleConfig, number: int, found: Discovered, executed: Executed, audited: Audited) -> Selected:
+def select_stage(config: CycleConfig, number: int, champ: Champion, found: Discovered, executed: Executed,
+                 audited: Audited) -> Selected:
     run = current_run(config)
     gen = run.generation_row(number)
 
@@ -211,11 +231,11 @@ def select_stage(config: CycleConfig, number: int, found: Discovered, executed: 
         with run.store.session() as s:
             passed = set(s.scalars(sql_select(VerdictRow.trajectory_id).where(
                 VerdictRow.trajectory_id.in_(executed.ids), VerdictRow.passed,
-                VerdictRow.harness_hash == run.harness.hash)))
+                VerdictRow.harness_hash == champ.harness_hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
                                 prompt=prompt_text(t), completion=t.completion, passed=t.id in passed)
                       for t in trajectories]
-        dataset = select(candidates, replay_examples(run, gen), run.config.selection,
+        dataset = select(candidates, replay_examples(run, gen, run.harness_of(champ)), run.config.selection,
                          frontier_levels=set(found.frontier_levels), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data
         dataset = dataset.model_copy(update={"corrupted": corrupted})  # its own digest: never mistaken for clean
@@ -235,29 +255,33 @@ def select_stage(config: CycleConfig, number: int, found: Discovered, executed: 
     return run.run_stage(gen, "select", inputs, body)
 
 
-def load_dataset(run: LineageRun, dataset_digest: str) -> tuple[Dataset, bool]:
+def load_dataset(run: LineageRun, dataset_digest: str, harness: Harness | None = None) -> tuple[Dataset, bool]:
     """A stored selection as training examples, read from the stored trajectories (prompt and completion
-    exactly as sampled), and whether the test switch marked it corrupted."""
+    exactly as sampled; written again under ``harness`` where they were sampled under another one, see
+    ``rsi.migrate``), and whether the test switch marked it corrupted."""
     with run.store.session() as s:
         row = s.get(DatasetRow, dataset_digest)
         items = list(s.scalars(sql_select(DatasetItem).where(DatasetItem.dataset_digest == dataset_digest)
                                .order_by(DatasetItem.position)))
         sources, corrupted = row.filters["sources"], bool(row.filters.get("corrupted"))
     trajectories, tasks = load_trajectories(run, [i.trajectory_id for i in items])
-    examples = tuple(Example(trajectory_id=t.id, level=tasks[t.task_id].level, prompt=prompt_text(t),
-                             completion=t.completion, source=source)
-                     for t, source in zip(trajectories, sources, strict=True))
+    examples = []
+    for t, source in zip(trajectories, sources, strict=True):
+        sampled_under = run.harness_of(t.harness_id)
+        examples.append(rerender(t, tasks[t.task_id], sampled_under, harness or sampled_under, source))
+    examples = tuple(examples)
     return Dataset(examples=examples, corrupted=corrupted), corrupted
 
 
-def replay_examples(run: LineageRun, gen: Generation) -> list[Example]:
-    """Selected examples of the last few earlier generations (verified samples, never labels)."""
+def replay_examples(run: LineageRun, gen: Generation, harness: Harness) -> list[Example]:
+    """Selected examples of the last few earlier generations (verified samples, never labels), under the
+    champion's ``harness`` (re-rendered where an earlier generation sampled them under another)."""
     earlier = [g for g in run.finished_generations() if g.number < gen.number][-run.config.selection.replay_generations:]
     examples: list[Example] = []
     for g in earlier:
         result = run.stage_result(g, "select")
         if result and not result.corrupted:  # the test switch's shuffled answers must never be replayed
-            examples += load_dataset(run, result.digest)[0].examples
+            examples += load_dataset(run, result.digest, harness)[0].examples
     return examples
 
 
@@ -279,7 +303,7 @@ def train(config: CycleConfig, number: int, champ: Champion, selected: Selected)
     gen = run.generation_row(number)
 
     def body() -> Trained:
-        dataset, corrupted = load_dataset(run, selected.digest)
+        dataset, corrupted = load_dataset(run, selected.digest, run.harness_of(champ))
         if corrupted:
             dataset = corrupt(dataset, seed=gen.number)
         warm = champ.adapter_dir is not None and run.config.warm_start == "parent"
@@ -308,14 +332,17 @@ def examples_digest(dataset: Dataset) -> str:
     return digest([[e.prompt, e.completion] for e in dataset.examples])
 
 
-def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
-    """The generation's MLflow run, one per (lineage, generation, dataset digest): found again when a crashed
-    run trains again (a complete one is reused as is; one cut short is deleted and logged afresh)."""
+def log_training(run, gen, champ, selected, dataset, losses, seconds, harness: Harness | None = None) -> str:
+    """The generation's MLflow run, one per (lineage, generation, dataset digest[, candidate harness]): found
+    again when a crashed run trains again (a complete one is reused as is; one cut short is deleted and logged
+    afresh)."""
     import mlflow
     import pandas as pd
     from mlflow.entities import Metric
 
     tags = {"lineage": run.config.lineage, "generation": str(gen.number), "dataset_digest": selected.digest}
+    if harness is not None:  # a harness search trains one migration per candidate on the same set
+        tags |= {"candidate_harness": harness.id, "harness_hash": harness.hash}
     found = run.registry.find_run(tags)
     if found is not None and "train_seconds" in found.data.metrics:
         return found.info.run_id
@@ -323,7 +350,8 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds) -> str:
         run.registry.client.delete_run(found.info.run_id)
     frame = pd.DataFrame([{"trajectory_id": e.trajectory_id, "level": e.level, "source": e.source,
                            "prompt": e.prompt, "completion": e.completion} for e in dataset.examples])
-    with run.registry.start_run(f"gen-{gen.number:03d}", tags) as mlrun:
+    name = f"gen-{gen.number:03d}" + (f"-{harness.document.version}" if harness is not None else "")
+    with run.registry.start_run(name, tags) as mlrun:
         with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
             warnings.simplefilter("ignore", UserWarning)
             data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
@@ -350,19 +378,7 @@ def evaluate_gate(config: CycleConfig, number: int, champ: Champion, found: Disc
     gen = run.generation_row(number)
 
     def body() -> Judged:
-        candidate = run.pair(trained.adapter_hash)
-        run.save_pair(candidate, trained.adapter_dir, champ.pair_id)
-        reached = [*found.accuracy, *found.frontier_levels]
-        levels = list(range(1, min(max(reached) + 1, run.max_level) + 1))
-        parent_scores = run.scores(champ.pair_id, champ.adapter_dir, levels, gen.id)
-        cand_scores = run.scores(candidate.id, trained.adapter_dir, levels, gen.id)
-        best = run.best_scores(levels)
-        mastered = {lvl for lvl, sc in best.items() if sc.accuracy >= run.config.curriculum.mastery}
-        decision = decide(parent_scores, cand_scores, targets=set(found.frontier_levels), best=best,
-                          mastered=mastered, spec=run.config.gate, attempt=attempt)
-        return Judged(candidate_pair_id=candidate.id, levels=levels, decision=decision,
-                      candidate={k: v.accuracy for k, v in cand_scores.items()},
-                      parent={k: v.accuracy for k, v in parent_scores.items()})
+        return judge(run, gen, champ, found, run.harness_of(champ), trained.adapter_hash, trained.adapter_dir, attempt)
 
     attempt = run.attempt(champ.pair_id, gen.number)
     inputs = {"adapter": trained.adapter_hash, "parent": champ.pair_id, "attempt": attempt,
@@ -370,54 +386,207 @@ def evaluate_gate(config: CycleConfig, number: int, champ: Champion, found: Disc
     return run.run_stage(gen, "evaluate", inputs, body)
 
 
+def judge(run: LineageRun, gen: Generation, champ: Champion, found: Discovered, harness: Harness,
+          adapter_hash: str | None, adapter_dir: str | None, attempt: int) -> Judged:
+    """The candidate pair (adapter, harness) against the champion on the same held-out tasks, level by level,
+    by the gate's paired rules. A level a harness cannot pose counts as unsolved for that pair; the targets are
+    the levels the curriculum aimed at, or, for a candidate harness, the levels only it can pose."""
+    candidate = run.pair(adapter_hash, harness)
+    run.save_pair(candidate, adapter_dir, champ.pair_id)
+    reached = [*found.accuracy, *found.frontier_levels, *found.unposable]
+    levels = list(range(1, min(max(reached) + 1, run.max_level(harness)) + 1))
+    parent_scores = run.scores(champ, champ.adapter_dir, levels, gen.id)
+    cand_scores = run.scores(candidate, adapter_dir, levels, gen.id)
+    best = run.best_scores(levels)
+    mastered = {lvl for lvl, sc in best.items() if sc.accuracy >= run.config.curriculum.mastery}
+    unlocked = {lvl for lvl in levels if lvl > run.max_level(run.harness_of(champ))}
+    decision = decide(parent_scores, cand_scores, targets=unlocked or set(found.frontier_levels), best=best,
+                      mastered=mastered, spec=run.config.gate, attempt=attempt)
+    return Judged(candidate_pair_id=candidate.id, levels=levels, decision=decision,
+                  candidate={k: v.accuracy for k, v in cand_scores.items()},
+                  parent={k: v.accuracy for k, v in parent_scores.items()})
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4b. search: candidate harnesses, each paired with the champion's adapter (migrated) and judged
+# --------------------------------------------------------------------------------------------------------
+def wants_search(spec: HarnessSearchSpec, found: Discovered, number: int, stalled: bool) -> bool:
+    """Search when the harness holds progress back: it cannot pose a level the curriculum wants (attributed
+    ``not_posable``), and that is the target level itself or the last candidate was rejected (``stalled``:
+    the levels it can pose stopped improving). Also every ``spec.every`` generations."""
+    held_back = bool(found.unposable) and (not found.plan or stalled)
+    return spec.enabled and (held_back or (spec.every > 0 and number % spec.every == 0))
+
+
+@task(name="search", task_run_name="search-gen-{number:03d}", cache_policy=NO_CACHE, **SERVER_RETRIES)
+def search_harness(config: CycleConfig, number: int, champ: Champion, found: Discovered) -> Searched:
+    """Proposers' candidates, stored immutably; each paired with the champion's adapter, migrated on the
+    lineage's own verified answers re-rendered under it when its format differs, and judged against the
+    champion. The candidate the gate promotes (the best, if several) is adopted."""
+    from rsi.proposers import propose
+    from rsi.store.harnesses import store_new
+
+    run = current_run(config)
+    gen = run.generation_row(number)
+    spec = run.config.harness_search
+
+    def body() -> Searched:
+        parent = run.harness_of(champ)
+        proposals = propose(parent, spec.proposers, spec.space)
+        with run.write() as s:
+            harnesses = [store_new(s, p.document, p.sources, run.settings.home) for p in proposals]
+        migration = store_migration_set(run, gen)
+        adapter_hash = run.load_pair(champ.pair_id).adapter_hash
+        candidates = []
+        for attempt, (proposal, harness) in enumerate(zip(proposals, harnesses, strict=True), start=1):
+            log.info("generation %d: candidate harness %s: %s", gen.number, harness.id, proposal.why)
+            migrate = changes_format(parent, harness)
+            if migrate and not migration.size:
+                log.info("generation %d: %s skipped: no verified answers to migrate yet", gen.number, harness.id)
+                continue
+            trained = migrate_to(run, gen, champ, harness, migration) if migrate else None
+            judged = judge(run, gen, champ, found, harness, trained.adapter_hash if trained else adapter_hash,
+                           trained.adapter_dir if trained else champ.adapter_dir, attempt)
+            log.info("generation %d: candidate harness %s %s (p=%.3g): %s", gen.number, harness.id,
+                     "beats the champion" if judged.decision.promote else "rejected", judged.decision.p_value,
+                     {k: round(v, 3) for k, v in judged.candidate.items()})
+            candidates.append(HarnessCandidate(harness_id=harness.id, harness_hash=harness.hash, why=proposal.why,
+                                               trained=trained, judged=judged))
+        promoted = [i for i, c in enumerate(candidates) if c.judged.decision.promote and c.trained is not None]
+        adopted = max(promoted, key=lambda i: sum(candidates[i].judged.candidate.values()), default=None)
+        return Searched(parent_harness=parent.id, dataset=migration.digest, size=migration.size,
+                        candidates=candidates, adopted=adopted)
+
+    inputs = {"champion": champ.pair_id, "spec": spec.model_dump(mode="json"), "champions": run.champion_pairs()}
+    return run.run_stage(gen, "search", inputs, body)
+
+
+def changes_format(parent: Harness, candidate: Harness) -> bool:
+    """Whether replies look different under ``candidate``: its prompt or its answer format differs."""
+    p, c = parent.document, candidate.document
+    return parent.sources != candidate.sources or p.prompt != c.prompt or p.answer != c.answer
+
+
+def store_migration_set(run: LineageRun, gen: Generation) -> Selected:
+    """The lineage's verified answers (passed under the harness they were produced under), one per task, at
+    most ``examples_per_level`` per level: what migration re-renders. Stored like a selection."""
+    per_level = run.config.harness_search.examples_per_level
+    with run.store.session() as s:
+        gen_ids = list(s.scalars(sql_select(Generation.id).where(Generation.lineage == run.config.lineage)))
+        rows = s.execute(sql_select(TrajectoryRow.id, TrajectoryRow.task_id, TrajectoryRow.harness_id, TaskRow.level,
+                                    VerdictRow.harness_hash)
+                         .join(VerdictRow, VerdictRow.trajectory_id == TrajectoryRow.id)
+                         .join(TaskRow, TaskRow.id == TrajectoryRow.task_id)
+                         .where(TrajectoryRow.generation_id.in_(gen_ids), VerdictRow.passed)
+                         .order_by(TaskRow.level, TrajectoryRow.task_id, TrajectoryRow.id)).all()
+    chosen, tasks_seen, per = [], set(), Counter()
+    for traj_id, task_id, harness_id, level, verdict_hash in rows:
+        if verdict_hash != run.harness_of(harness_id).hash or task_id in tasks_seen or per[level] >= per_level:
+            continue  # verified under its own contract only; one answer per task
+        tasks_seen.add(task_id)
+        per[level] += 1
+        chosen.append(traj_id)
+    dataset_digest = digest({"migration": chosen})
+    with run.write() as s:
+        if s.get(DatasetRow, dataset_digest) is None:
+            s.add(DatasetRow(digest=dataset_digest, lineage=run.config.lineage, generation_id=gen.id, size=len(chosen),
+                             filters={"migration": True, "per_level": per_level, "corrupted": False,
+                                      "sources": ["frontier"] * len(chosen)}))
+            s.flush()
+            s.add_all(DatasetItem(dataset_digest=dataset_digest, position=i, trajectory_id=t)
+                      for i, t in enumerate(chosen))
+    return Selected(digest=dataset_digest, size=len(chosen), corrupted=False, frontier=len(chosen), replay=0)
+
+
+def migrate_to(run: LineageRun, gen: Generation, champ: Champion, harness: Harness, migration: Selected) -> Trained:
+    """The champion's adapter trained on the migration set written under ``harness`` (``rsi.migrate``)."""
+    dataset, _ = load_dataset(run, migration.digest, harness)
+    out_dir = run.adapters_dir() / f"gen-{gen.number:03d}-{harness.hash[:12]}"
+    losses: list[tuple[int, float, float]] = []
+
+    def on_step(step: int, loss: float, lr: float) -> None:
+        run.check_lease()
+        losses.append((step, loss, lr))
+
+    parent = Path(champ.adapter_dir) if champ.adapter_dir else None
+    start = time.perf_counter()
+    result = train_adapter(run.base_dir, parent, dataset, run.config.harness_search.migration, out_dir,
+                           seed=run.config.seed * 1000 + gen.number, on_step=on_step)
+    seconds = time.perf_counter() - start
+    run_id = log_training(run, gen, champ, migration, dataset, losses, seconds, harness=harness)
+    return Trained(**result.model_dump(), seconds=seconds, mlflow_run_id=run_id,
+                   examples_digest=examples_digest(dataset), warm_start=str(parent) if parent else None)
+
+
 # --------------------------------------------------------------------------------------------------------
 # 7. register: a model version with the adapter and the HCP document; the generation's end commits with it
 # --------------------------------------------------------------------------------------------------------
 @task(name="register", task_run_name="register-gen-{number:03d}", cache_policy=NO_CACHE, **SERVER_RETRIES)
 def register(config: CycleConfig, number: int, champ: Champion, selected: Selected, trained: Trained,
-             judged: Judged) -> Registered:
+             judged: Judged, searched: Searched | None = None) -> Registered:
     """MLflow writes first, each idempotent (the version is found again by its pair id); then one state-DB
     transaction stores the result and finishes the generation; then the aliases follow the committed state.
-    A crash anywhere before the commit redoes the same writes; after it, ``sync_aliases`` repairs the aliases."""
+    A crash anywhere before the commit redoes the same writes; after it, ``sync_aliases`` repairs the aliases.
+    After a harness search, the candidates not taken are registered too (rejected, with their evidence)."""
     run = current_run(config)
     gen = run.generation_row(number)
     promote = judged.decision.promote
 
     def body() -> Registered:
-        from rsi.mlmodel import log_base, log_candidate
-
-        run_id = trained.mlflow_run_id
-        client = run.registry.client
-        client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")  # browsable beside the model
-        client.log_artifacts(run_id, str(run.harness.path.parent), "candidate/harness")
-        for level, acc in judged.candidate.items():
-            client.log_metric(run_id, f"acc_level_{level}", acc)
-        base_uri = log_base(run.registry, run.base_dir, run.base_hash)  # once per base, then referenced
-        model_uri = log_candidate(run.registry, run_id, base_uri, trained.adapter_dir, run.harness.path.parent,
-                                  pair_id=judged.candidate_pair_id, base_hash=run.base_hash)
-        tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged.candidate_pair_id,
-                "harness_id": run.harness.id, "harness_hash": run.harness.hash,
-                "contract_version": run.harness.contract_version, "base_model_hash": run.base_hash,
-                "dataset_digest": selected.digest, "gate": "promoted" if promote else "rejected",
-                "adapter_hash": trained.adapter_hash}
-        tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
-        version = run.registry.create_version(run_id, model_uri, tags)
+        others = {}
+        for c in (searched.candidates if searched else ()):
+            if c.trained is not None and c.judged.candidate_pair_id != judged.candidate_pair_id:
+                others[c.judged.candidate_pair_id] = register_pair(run, gen, champ, searched.dataset, c.trained,
+                                                                   c.judged, why=c.why)[0]
+        version, model_uri = register_pair(run, gen, champ, selected.digest, trained, judged,
+                                           why=next((c.why for c in searched.candidates if c.judged == judged), "")
+                                           if searched else "")
         decision = judged.decision
         run.registry.log_generation(gen.number, {f"acc_level_{level}": acc for level, acc in judged.candidate.items()}
                                     | {"gate_p_value": decision.p_value, "gate_wins": decision.wins,
                                        "gate_losses": decision.losses, "promoted": float(promote)})
-        log_improvement_plot(run, run_id, extra=(gen.number, "promoted" if promote else "rejected", judged))
-        return Registered(version=version, promoted=promote, model_uri=model_uri)
+        gate = "promoted" if promote else "rejected"
+        log_improvement_plot(run, trained.mlflow_run_id, extra=(gen.number, gate, judged))
+        return Registered(version=version, promoted=promote, model_uri=model_uri, others=others)
 
     def finish(s, result: Registered) -> None:
         row = s.get(Generation, gen.id)
         row.parent_pair_id, row.candidate_pair_id = champ.pair_id, judged.candidate_pair_id
         row.status, row.finished_at = ("promoted" if promote else "rejected"), utcnow()
 
-    inputs = {"evaluate": judged.candidate_pair_id, "gate": judged.decision.model_dump(mode="json")}
+    inputs = {"evaluate": judged.candidate_pair_id, "gate": judged.decision.model_dump(mode="json"),
+              "search": searched.model_dump(mode="json") if searched else None}
     result = run.run_stage(gen, "register", inputs, body, finish=finish)
     sync_aliases(run)
     return result
+
+
+def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_digest: str, trained: Trained,
+                  judged: Judged, why: str = "") -> tuple[str, str]:
+    """One candidate pair as an MLflow model version (adapter + harness, base referenced) with the lineage's
+    tags and its evidence; returns (version, model URI). ``why``: a candidate harness's reason to exist."""
+    from rsi.mlmodel import log_base, log_candidate
+
+    run_id, client = trained.mlflow_run_id, run.registry.client
+    harness = run.harness_of(run.load_pair(judged.candidate_pair_id))  # a successor may carry another one
+    client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")  # browsable beside the model
+    client.log_artifacts(run_id, str(harness.folder), "candidate/harness")
+    for level, acc in judged.candidate.items():
+        client.log_metric(run_id, f"acc_level_{level}", acc)
+    base_uri = log_base(run.registry, run.base_dir, run.base_hash)  # once per base, then referenced
+    model_uri = log_candidate(run.registry, run_id, base_uri, trained.adapter_dir, harness.folder,
+                              pair_id=judged.candidate_pair_id, base_hash=run.base_hash)
+    promote = judged.decision.promote
+    tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged.candidate_pair_id,
+            "harness_id": harness.id, "harness_hash": harness.hash, "parent_harness_hash": champ.harness_hash,
+            "contract_version": harness.contract_version, "base_model_hash": run.base_hash,
+            "dataset_digest": dataset_digest, "gate": "promoted" if promote else "rejected",
+            "adapter_hash": trained.adapter_hash, "gate_p_value": f"{judged.decision.p_value:.4g}",
+            "gate_reasons": "; ".join(judged.decision.reasons)[:4000]}
+    if why:
+        tags["harness_candidate"] = why
+    tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
+    return run.registry.create_version(run_id, model_uri, tags), model_uri
 
 
 def sync_aliases(run: LineageRun) -> None:
@@ -493,18 +662,60 @@ def generation(config: CycleConfig, number: int, *, direct: bool = False,
     champ = run.champion_before(number)
     log.info("generation %d: champion %s (%s)", number, champ.version, champ.pair_id)
     found = call(discover, champ)
+    stalled = rejections_in_a_row(run) > 0
+    search = wants_search(config.harness_search, found, number, stalled)
+    searched = call(search_harness, champ, found) if search else None
+    if searched is not None and (searched.adopted is not None or not found.plan):
+        return harness_generation(run, number, champ, found, searched, call) | {"seconds": seconds}
     if not found.plan:
         return {"generation": number, "stopped": "curriculum exhausted", "seconds": seconds}
     executed = call(execute, champ, found)
-    audited = call(audit_stage, champ, executed)
-    selected = call(select_stage, found, executed, audited)
+    audited = call(audit_stage, champ, found, executed)
+    selected = call(select_stage, champ, found, executed, audited)
     trained = call(train, champ, selected)
     judged = call(evaluate_gate, champ, found, trained)
-    registered = call(register, champ, selected, trained, judged)
+    registered = call(register, champ, selected, trained, judged, searched)
     summary = summarize(number, found, executed, audited, selected, trained, judged, registered) | {"seconds": seconds}
+    if searched is not None:
+        summary["harness_candidates"] = tried_harnesses(searched)
     log.info("generation %d: %s (p=%.3g); accuracy %s", number, summary["gate"], summary["p_value"],
              summary["candidate"])
     return summary
+
+
+def harness_generation(run: LineageRun, number: int, champ: Champion, found: Discovered, searched: Searched,
+                       call: Callable[..., Any]) -> dict[str, Any]:
+    """A generation whose candidate is a harness search's: the adopted pair (migrated adapter + new harness),
+    or, when none beat the champion, the best rejected one, so the lineage records what was tried."""
+    gen = run.generation_row(number)
+    tried = [c for c in searched.candidates if c.trained is not None]
+    if not tried:
+        return {"generation": number, "stopped": "curriculum exhausted and no candidate harness to try"}
+    chosen = searched.candidates[searched.adopted] if searched.adopted is not None else \
+        max(tried, key=lambda c: sum(c.judged.candidate.values()))
+    inputs = {"search": chosen.judged.candidate_pair_id}
+    trained = run.run_stage(gen, "train", inputs, lambda: chosen.trained)
+    judged = run.run_stage(gen, "evaluate", inputs, lambda: chosen.judged)
+    migration = Selected(digest=searched.dataset, size=searched.size, corrupted=False, frontier=searched.size, replay=0)
+    registered = call(register, champ, migration, trained, judged, searched)
+    outcome = "adopted" if judged.decision.promote else "no candidate beat the champion"
+    log.info("generation %d: harness search: %s %s", number, outcome, chosen.harness_id)
+    summary = {"generation": number, "gate": "promoted" if judged.decision.promote else "rejected",
+               "p_value": judged.decision.p_value, "reasons": list(judged.decision.reasons),
+               "version": registered.version, "targets": [str(lvl) for lvl in sorted(found.unposable)],
+               "tasks": 0, "trajectories": 0, "passed": 0, "selected": searched.size, "pass_at": {},
+               "candidate": {str(k): round(v, 3) for k, v in judged.candidate.items()},
+               "parent": {str(k): round(v, 3) for k, v in judged.parent.items()},
+               "train_seconds": trained.seconds, "harness": chosen.harness_id,
+               "harness_candidates": tried_harnesses(searched)}
+    if not judged.decision.promote and not found.plan:
+        summary["stopped"] = "the harness cannot pose the next level and no candidate harness beat the champion"
+    return summary
+
+
+def tried_harnesses(searched: Searched) -> list[dict[str, Any]]:
+    return [{"harness": c.harness_id, "gate": "promoted" if c.judged.decision.promote else "rejected",
+             "p_value": c.judged.decision.p_value} for c in searched.candidates]
 
 
 def summarize(number: int, found: Discovered, executed: Executed, audited: Audited, selected: Selected,
@@ -532,6 +743,12 @@ def publish(run: LineageRun, summary: dict[str, Any]) -> None:
     table.append({"level": "counts", "parent": f"tasks {summary['tasks']}, trajectories {summary['trajectories']}",
                   "candidate": f"passed {summary['passed']}, selected {summary['selected']}"})
     create_table_artifact(table, key=key, description=f"generation {summary['generation']}: accuracy per level")
+    with run.store.session() as s:
+        blame = load_attribution(s, run.generation_row(summary["generation"]).id)
+    if blame:
+        create_table_artifact(attribution_table(blame), key=f"{key}-attribution",
+                              description=f"generation {summary['generation']}: failed and unposed tasks by cause "
+                                          "and owner (model, harness, task)")
     pass_at = ", ".join(f"level {lvl}: pass@1 {v['pass@1']:.2f} pass@k {v['pass@k']:.2f}"
                         for lvl, v in summary["pass_at"].items() if v)
     create_markdown_artifact(

@@ -45,8 +45,10 @@ def _parse(text: str, answer: Answer) -> Parsed:
 class Case:
     """What one audit looks at, with the parsed answer computed once."""
 
-    def __init__(self, trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None):
+    def __init__(self, trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None,
+                 recorded: Harness | None = None):
         self.trajectory, self.task, self.harness, self.family, self.pair = trajectory, task, harness, family, pair
+        self.recorded = recorded or harness  # the harness the trajectory was produced under (a re-audit differs)
         self.parsed: Parsed = _parse(trajectory.completion, harness.document.answer)
 
     @property
@@ -87,12 +89,12 @@ def ids_consistent(case: Case) -> RuleResult:
     if t.task_id != case.task.id:
         problems.append(f"task_id {t.task_id} is not the task's id {case.task.id}")
     problems += _task_problems(case.task, case.family)
-    if t.harness_id != case.harness.id:
-        problems.append(f"harness_id {t.harness_id} is not {case.harness.id}")
+    if t.harness_id != case.recorded.id:
+        problems.append(f"harness_id {t.harness_id} is not {case.recorded.id}")
     if case.pair is not None:
         if case.pair.id != t.pair_id:
             problems.append(f"pair_id {t.pair_id} is not the stored pair's id {case.pair.id}")
-        if case.pair.harness_hash != case.harness.hash:
+        if case.pair.harness_hash != case.recorded.hash:
             problems.append("the pair was built with another version of this harness (hash differs)")
     return _result("ids_consistent", problems)
 
@@ -324,10 +326,13 @@ def judge(name: str, case: Case) -> RuleResult:
 
 
 def audit(
-    trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None = None
+    trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily, pair: Pair | None = None,
+    recorded: Harness | None = None,
 ) -> Verdict:
-    """Judge one trajectory under the contract of ``harness``: one result per rule the contract lists."""
-    case = Case(trajectory, task, harness, family, pair)
+    """Judge one trajectory under the contract of ``harness``: one result per rule the contract lists.
+    ``recorded``: the harness the trajectory names, when it is judged under another one (a re-audit: every
+    rule is ``harness``'s, only the ids rule checks the trajectory against the harness it was produced under)."""
+    case = Case(trajectory, task, harness, family, pair, recorded)
     rules = tuple(judge(name, case) for name in harness.document.contract.rules)
     return Verdict(
         trajectory_id=trajectory.id, contract_version=harness.contract_version, harness_hash=harness.hash, rules=rules

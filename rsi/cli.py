@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -110,6 +111,41 @@ def db_current() -> None:
     out.print(f"current {current or 'base'}, head {head} ({state})")
 
 
+@harness_app.command("attribute")
+def harness_attribute(
+    lineage: str = typer.Argument(..., help="lineage name"),
+    generation: int | None = typer.Option(None, "--generation", min=1, help="only this generation"),
+) -> None:
+    """Why each generation's failed tasks failed, and whose they are: model, harness or task."""
+    from sqlalchemy import select
+
+    from rsi.attribution import table as attribution_table
+    from rsi.errors import UserError
+    from rsi.store import open_store
+    from rsi.store.records import load_attribution
+    from rsi.store.schema import Generation
+
+    store = open_store()
+    try:
+        with store.session() as s:
+            query = select(Generation).where(Generation.lineage == lineage).order_by(Generation.number)
+            gens = [g for g in s.scalars(query) if generation is None or g.number == generation]
+            if not gens:
+                raise UserError(f"lineage {lineage!r} has no generation{f' {generation}' if generation else ''} in "
+                                "the state DB; `rsi lineage show` lists what there is")
+            for g in gens:
+                rows = attribution_table(load_attribution(s, g.id))
+                table = Table("cause", "owner", "tasks", "levels", "meaning",
+                              title=f"{lineage} generation {g.number} ({g.status})")
+                for r in rows:
+                    table.add_row(*(str(r[k]) for k in ("cause", "owner", "tasks", "levels", "meaning")))
+                if not rows:
+                    table.add_row("-", "-", "0", "-", "no failed task (or not attributed: run before attribution)")
+                out.print(table)
+    finally:
+        store.dispose()
+
+
 @harness_app.command("validate")
 def harness_validate(path: Path = typer.Argument(..., help="a hcp.toml or the directory that holds it")) -> None:
     """Validate an HCP document and its templates; exit 2 naming the file and field if it is invalid."""
@@ -161,21 +197,29 @@ def tasks_sample(
 
 @app.command("audit")
 def audit_cmd(
-    file: Path = typer.Option(..., "--file", help="JSONL: one {trajectory, task, pair?} object per line"),
-    harness_path: Path = typer.Option(..., "--harness", help="the harness version the trajectories claim"),
+    file: Path | None = typer.Option(None, "--file", help="JSONL: one {trajectory, task, pair?} object per line"),
+    harness_path: str = typer.Option(..., "--harness", help="the harness version: a directory, a shipped id, or "
+                                     "(with --lineage) an id/version or hash from the state DB's harness store"),
+    lineage: str | None = typer.Option(None, "--lineage", help="re-audit this lineage's stored trajectories"),
     store: bool = typer.Option(True, "--store/--no-store", help="persist tasks, trajectories and verdicts"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per line on stdout; summary on stderr"),
 ) -> None:
-    """Audit trajectories produced anywhere against a harness's contract and print a summary.
+    """Audit trajectories produced anywhere against a harness's contract and print a summary; or, with
+    --lineage, re-audit a lineage's stored trajectories under another contract and print what changed.
 
     Every line gets a verdict or is reported malformed (exit 2 when any is); failed verdicts are results,
     not errors (exit 0). Only records whose trajectory id is its content hash are stored."""
     from collections import Counter
 
     from rsi.audit import audit_jsonl
-    from rsi.hcp import load_harness
+    from rsi.errors import UserError
 
-    harness = load_harness(harness_path)
+    if (file is None) == (lineage is None):
+        raise UserError("pass --file (trajectories in a JSONL file) or --lineage (a lineage's stored ones), "
+                        "one of them")
+    harness = _harness_ref(harness_path)
+    if lineage is not None:
+        return _reaudit(lineage, harness, as_json)
     results = audit_jsonl(file, harness)
     verdicts = [r.verdict for r in results if r.verdict is not None]
     bad_lines = [r for r in results if r.error]
@@ -214,6 +258,52 @@ def audit_cmd(
                   + (f"; {skipped} trajectory(ies) whose id is not their content hash not stored" if skipped else ""))
     if bad_lines:
         raise typer.Exit(2)
+
+
+def _harness_ref(ref: str):
+    """A harness directory or shipped id, else an id/version or hash in the state DB's harness store."""
+    from rsi.config import get_settings
+    from rsi.errors import UserError
+    from rsi.hcp import load_harness
+    from rsi.store import open_store
+    from rsi.store.harnesses import stored_harness
+
+    try:
+        return load_harness(ref)
+    except UserError as not_a_file:
+        store = open_store()
+        try:
+            with store.session() as s:
+                return stored_harness(s, ref, get_settings().home)
+        except UserError:
+            raise not_a_file from None
+        finally:
+            store.dispose()
+
+
+def _reaudit(lineage: str, harness, as_json: bool) -> None:
+    from rsi.config import get_settings
+    from rsi.reaudit import reaudit_lineage
+    from rsi.store import open_store
+
+    store = open_store()
+    try:
+        report = reaudit_lineage(store, lineage, harness, get_settings().home)
+    finally:
+        store.dispose()
+    if as_json:
+        print(report.model_dump_json())
+        return
+    table = Table("rule", "fail now", "passed before, fail now", "example",
+                  title=f"{lineage}: {report.audited} trajectories re-audited under {harness.id} "
+                        f"(contract {report.contract_version})")
+    for r in report.rules:
+        table.add_row(r.rule, str(r.failing), str(r.newly_failing), Text(r.example[:100]))
+    out.print(table)
+    out.print(f"passed under their own harness: {report.passed_before}; pass under {harness.id}: {report.passed_now} "
+              f"({report.newly_failed} newly rejected, {report.newly_passed} newly accepted"
+              + (f", {report.not_audited_before} without an earlier verdict" if report.not_audited_before else "")
+              + f"); stored {report.stored} new verdict(s) beside the old ones")
 
 
 @base_app.command("build")
@@ -270,13 +360,13 @@ def eval_cmd(
     wanted = parse_levels(levels)
     if split not in ("test", "heldout"):
         raise UserError(f"--split {split!r}: expected test or heldout (train tasks are what models learn from)")
-    if lineage is not None:
+    harness = load_harness(config.harness)
+    if lineage is not None:  # the champion pair: its adapter under its own harness
         if adapter is not None:
             raise UserError("pass --adapter or --lineage, not both")
-        adapter = champion_adapter(lineage)
+        adapter, harness = champion_pair(lineage)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
-    harness = load_harness(config.harness)
     base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)
@@ -294,23 +384,27 @@ def eval_cmd(
     out.print(table)
 
 
-def champion_adapter(lineage: str) -> Path:
-    """The adapter directory of a lineage's current champion, from the state DB."""
+def champion_pair(lineage: str) -> tuple[Path, Any]:
+    """The adapter directory and the harness of a lineage's current champion, from the state DB."""
     from sqlalchemy import select
 
+    from rsi.config import get_settings
     from rsi.errors import UserError
     from rsi.store import open_store
+    from rsi.store.harnesses import stored_harness
     from rsi.store.schema import Generation, PairRow
 
     store = open_store()
-    with store.session() as s:
-        gen = s.scalars(select(Generation).where(Generation.lineage == lineage, Generation.status == "promoted")
-                        .order_by(Generation.number.desc())).first()
-        pair = s.get(PairRow, gen.candidate_pair_id) if gen else None
-    store.dispose()
-    if pair is None or not pair.adapter_uri:
-        raise UserError(f"lineage {lineage!r} has no promoted champion in the state DB; run `rsi run` first")
-    return Path(pair.adapter_uri)
+    try:
+        with store.session() as s:
+            gen = s.scalars(select(Generation).where(Generation.lineage == lineage, Generation.status == "promoted")
+                            .order_by(Generation.number.desc())).first()
+            pair = s.get(PairRow, gen.candidate_pair_id) if gen else None
+            if pair is None or not pair.adapter_uri:
+                raise UserError(f"lineage {lineage!r} has no promoted champion in the state DB; run `rsi run` first")
+            return Path(pair.adapter_uri), stored_harness(s, pair.harness_hash, get_settings().home)
+    finally:
+        store.dispose()
 
 
 @app.command("run")
@@ -372,16 +466,19 @@ def show_lineage(name: str) -> None:
         raise UserError(f"lineage {name!r} has no versions in {settings.mlflow_uri}; run `rsi run` first")
     champion = registry.alias(CHAMPION)
     levels = sorted({int(k.removeprefix("acc_level_")) for v in versions for k in v.tags if k.startswith("acc_level_")})
-    table = Table("version", "gen", "parent", "gate", *[f"L{lvl}" for lvl in levels], "dataset", "pair",
+    table = Table("version", "gen", "parent", "gate", "harness", *[f"L{lvl}" for lvl in levels], "dataset", "pair",
                   title=f"lineage {name} (MLflow model {model_name(name)})")
     for v in versions:
         mark = " *" if champion is not None and champion.version == v.version else ""
         accs = [v.tags.get(f"acc_level_{lvl}", "") for lvl in levels]
         accs = [f"{float(a):.2f}" if a else "" for a in accs]
+        moved = v.tags.get("parent_harness_hash", v.tags.get("harness_hash")) != v.tags.get("harness_hash")
+        harness = v.tags.get("harness_id", "") + (" (new)" if moved else "")
         table.add_row(f"{v.version}{mark}", v.tags.get("generation", ""), v.tags.get("parent_version", ""),
-                      v.tags.get("gate", ""), *accs, v.tags.get("dataset_digest", "")[:10], v.tags.get("pair_id", "")[:17])
+                      v.tags.get("gate", ""), Text(harness), *accs, v.tags.get("dataset_digest", "")[:10],
+                      v.tags.get("pair_id", "")[:17])
     out.print(table)
-    out.print("* = champion. Browse it: "
+    out.print("* = champion; (new) = the candidate carries another harness than its parent. Browse it: "
               f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "
               f"PREFECT_HOME={settings.prefect_dir} prefect server start")
 

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,23 @@ log = logging.getLogger("rsi.cycle")
 REPO = Path(__file__).resolve().parent.parent
 
 
+class HarnessSearchSpec(BaseModel):
+    """The candidate-harness stage: when it runs, what it proposes, how a candidate's adapter migrates."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    every: int = Field(0, ge=0, description="also search every K generations (0: only when the champion's "
+                       "harness cannot pose the level the curriculum targets)")
+    proposers: tuple[str, ...] = Field(("addition",), description="registered harness proposers (rsi.proposers)")
+    space: dict[str, list[JsonValue]] = Field(default_factory=lambda: {"width": [16]},
+                                              description="knob -> values; each proposer reads its own knobs")
+    migration: TrainSpec = Field(TrainSpec(steps=300, frontier_fraction=1.0), description=(
+        "LoRA training from the champion's adapter on its own verified answers re-rendered under the candidate "
+        "(when the candidate's prompt or answer format differs)"))
+    examples_per_level: int = Field(512, ge=1, description="migration: verified answers per level")
+
+
 class CycleConfig(BaseModel):
     """Every knob of a lineage run. Stored with the lineage; part of each stage's inputs hash."""
 
@@ -61,6 +78,7 @@ class CycleConfig(BaseModel):
     selection: SelectionSpec = SelectionSpec()
     train: TrainSpec = TrainSpec()
     gate: GateSpec = GateSpec()
+    harness_search: HarnessSearchSpec = HarnessSearchSpec()
     generations: int = Field(12, ge=1)
     target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
     plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
@@ -154,6 +172,8 @@ class Champion(BaseModel):
     adapter_dir: str | None
     version: str  # MLflow model version, or "base"
     generation: int
+    harness_id: str  # the pair's harness: a successor pair may carry another one than its parent
+    harness_hash: str
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -170,6 +190,8 @@ class Discovered(StageResult):
     task_ids: tuple[str, ...]
     frontier_levels: tuple[int, ...]
     replay_levels: tuple[int, ...]
+    unposable: dict[int, int] = Field(default_factory=dict, description=(
+        "levels the curriculum wanted that the champion's harness cannot pose -> tasks it wanted there"))
 
 
 class Executed(StageResult):
@@ -184,6 +206,8 @@ class Audited(StageResult):
     passed: int
     failed_by_rule: dict[str, int]
     pass_rates: dict[int, dict[str, float]] = Field(description="per level: pass@1, pass@k and the task count")
+    attribution: dict[str, int] = Field(default_factory=dict, description=(
+        "failed or unposed tasks per cause (rsi.attribution; rows in rsi_attributions)"))
 
 
 class Selected(StageResult):
@@ -213,11 +237,33 @@ class Registered(StageResult):
     version: str
     promoted: bool
     model_uri: str | None = None
+    others: dict[str, str] = Field(default_factory=dict, description="harness search: the other candidates' "
+                                   "pair ids -> their (rejected) model versions")
+
+
+class HarnessCandidate(BaseModel):
+    """One candidate harness, paired with the champion's adapter (migrated when its format differs), judged."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness_id: str
+    harness_hash: str
+    why: str
+    trained: Trained | None = Field(description="the migration; None when the format is the champion's")
+    judged: Judged
+
+
+class Searched(StageResult):
+    parent_harness: str
+    dataset: str = Field(description="digest of the migration set: the lineage's verified trajectories")
+    size: int
+    candidates: tuple[HarnessCandidate, ...]
+    adopted: int | None = Field(description="index of the candidate the gate promotes, if any")
 
 
 STAGE_RESULTS: dict[str, type[StageResult]] = {
     "discover": Discovered, "execute": Executed, "audit": Audited, "select": Selected, "train": Trained,
-    "evaluate": Judged, "register": Registered,
+    "evaluate": Judged, "register": Registered, "search": Searched,
 }
 
 
@@ -293,7 +339,8 @@ class LineageRun:
         self.config = config
         self.settings = settings
         self.store = store or open_store(settings.db_url)
-        self.harness: Harness = load_harness(config.harness)
+        self.harness: Harness = load_harness(config.harness)  # the harness the lineage starts under
+        self._harnesses: dict[str, Harness] = {self.harness.hash: self.harness}
         self.family: TaskFamily = get_family(config.family)
         if self.harness.document.family != self.family.name:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "
@@ -394,25 +441,37 @@ class LineageRun:
 
         return LineageRegistry(self.settings, self.config.lineage)
 
-    @cached_property
-    def max_level(self) -> int:
+    def harness_of(self, pair: Champion | Pair | str) -> Harness:
+        """The harness a pair carries (or the one an id/version or hash names), from the state DB's harness
+        store, loaded once per run."""
+        ref = pair if isinstance(pair, str) else pair.harness_hash
+        if ref not in self._harnesses:
+            from rsi.store.harnesses import stored_harness
+
+            with self.store.session() as s:
+                harness = stored_harness(s, ref, self.settings.home)
+            self._harnesses[ref] = self._harnesses.setdefault(harness.hash, harness)
+        return self._harnesses[ref]
+
+    def max_level(self, harness: Harness) -> int:
         """The highest level both the curriculum allows and the harness can render (its format has a width)."""
         level = 0
-        while level < self.config.curriculum.max_level and expressible(self.harness, self.family, level + 1):
+        while level < self.config.curriculum.max_level and expressible(harness, self.family, level + 1):
             level += 1
         return level
 
-    @property
-    def curriculum(self) -> CurriculumSpec:
-        return self.config.curriculum.model_copy(update={"max_level": self.max_level})
+    def curriculum(self, harness: Harness) -> CurriculumSpec:
+        return self.config.curriculum.model_copy(update={"max_level": self.max_level(harness)})
 
     def adapters_dir(self) -> Path:
         return self.settings.home / "adapters" / self.config.lineage
 
     # -- pairs and generations ----------------------------------------------------------------------------
-    def pair(self, adapter_hash: str | None) -> Pair:
-        return Pair(base_model_hash=self.base_hash, adapter_hash=adapter_hash, harness_id=self.harness.id,
-                    harness_hash=self.harness.hash)
+    def pair(self, adapter_hash: str | None, harness: Harness | None = None) -> Pair:
+        """The pair of this run's base, ``adapter_hash`` and ``harness`` (default: the lineage's first)."""
+        harness = harness or self.harness
+        return Pair(base_model_hash=self.base_hash, adapter_hash=adapter_hash, harness_id=harness.id,
+                    harness_hash=harness.hash)
 
     def save_pair(self, pair: Pair, adapter_dir: str | None, parent: str | None) -> None:
         with self.write() as s:
@@ -462,11 +521,14 @@ class LineageRun:
             if row.number < number and row.status == "promoted":
                 # a finished generation has both results: register commits them with its status
                 registered, trained = self.stage_result(row, "register"), self.stage_result(row, "train")
+                pair = self.load_pair(row.candidate_pair_id)
                 return Champion(pair_id=row.candidate_pair_id, adapter_dir=trained.adapter_dir,
-                                version=registered.version, generation=row.number)
+                                version=registered.version, generation=row.number, harness_id=pair.harness_id,
+                                harness_hash=pair.harness_hash)
         base = self.pair(None)
         self.save_pair(base, None, None)
-        return Champion(pair_id=base.id, adapter_dir=None, version="base", generation=0)
+        return Champion(pair_id=base.id, adapter_dir=None, version="base", generation=0,
+                        harness_id=base.harness_id, harness_hash=base.harness_hash)
 
     # -- stage results --------------------------------------------------------------------------------------
     def stage_result(self, generation: Generation, stage: str) -> Any:
@@ -504,13 +566,16 @@ class LineageRun:
         return result
 
     # -- evaluation, cached per (pair, level, split) ---------------------------------------------------------
-    def scores(self, pair_id: str, adapter_dir: str | None, levels: list[int],
+    def scores(self, pair: Champion | Pair, adapter_dir: str | None, levels: list[int],
                generation_id: int | None = None, split: str = "heldout") -> dict[int, LevelScore]:
-        """Greedy scores of a pair on ``split``; levels measured before are read from the state DB."""
+        """Greedy scores of a pair under its harness on ``split``; levels measured before are read from the
+        state DB (a score is the pair's, and the pair's id covers its harness)."""
+        pair_id = pair.pair_id if isinstance(pair, Champion) else pair.id
         found = self._stored_scores([pair_id], levels, split).get(pair_id, {})
         missing = [lvl for lvl in levels if lvl not in found]
         if missing:
-            new = self.runner.evaluate(pair_id, missing, self.config.eval_n, lineage_seed=self.config.seed,
+            new = self.runner.evaluate(self.harness_of(pair), pair_id, missing, self.config.eval_n,
+                                       lineage_seed=self.config.seed,
                                        adapter=adapter_dir, split=split)
             with self.write() as s:
                 for sc in new:

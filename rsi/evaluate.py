@@ -63,6 +63,18 @@ def expressible(harness: Harness, family: TaskFamily, level: int) -> bool:
     return True
 
 
+def posable(harness: Harness, tasks: Sequence[Task]) -> list[Task]:
+    """The tasks the harness can render, in order (a fixed-width format cannot pose the longer ones)."""
+    out = []
+    for task in tasks:
+        try:
+            harness.prompt(task.payload)
+        except UserError:
+            continue
+        out.append(task)
+    return out
+
+
 def evaluate(
     harness: Harness,
     family: TaskFamily,
@@ -94,11 +106,12 @@ def evaluation_tasks(harness: Harness, family: TaskFamily, levels: Sequence[int]
 
 def solved(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend, pair_id: str,
            params: SamplingParams, adapter: str | None) -> dict[str, bool]:
-    """Per task id: whether at least one of its samples passes the audit. Tasks are independent, so a
-    runner may solve them in shards and merge the answers."""
+    """Per task id: whether at least one of its samples passes the audit; a task the harness cannot pose is
+    not solved. Tasks are independent, so a runner may solve them in shards and merge the answers."""
+    out = {t.id: False for t in tasks}
+    tasks = posable(harness, tasks)
     trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
     by_task = {t.id: t for t in tasks}
-    out: dict[str, bool] = {}
     for traj in trajectories:
         ok = audit(traj, by_task[traj.task_id], harness, family).passed
         out[traj.task_id] = out.get(traj.task_id, False) or ok

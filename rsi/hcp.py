@@ -53,6 +53,7 @@ LEGACY_CONTRACTS = {
          "and one reply can pass; new harness versions use contract version 2",
 }
 TEMPLATE_NAMES = ("task", "vars", "tools")
+ANSWER_NAMES = (*TEMPLATE_NAMES, "answer")  # an answer template also sees the answer it writes
 TEMPLATE_FIELDS = ("template", "system_template")
 # Validation renders every template on SAMPLE_TASKS train tasks of each of the family's lowest SAMPLE_LEVELS.
 SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
@@ -114,6 +115,10 @@ class Answer(Section):
     parser: str
     params: dict[str, JsonValue] = Field(default_factory=dict, description="checked against the parser's params model")
     require_stop: bool = Field(True, description="a reply must end with EOS or a stop string, not be cut by length")
+    template: str | None = Field(None, description=(
+        "path of a template that writes a task's answer (``answer``) in this harness's format, relative to "
+        "hcp.toml: what a correct reply looks like, so audited answers can be re-rendered under this harness "
+        "(migration) and gold answers rendered; the parser must read back what it writes"))
 
     @field_validator("parser")
     @classmethod
@@ -241,7 +246,8 @@ class TemplateRenderError(UserError):
     def __init__(self, file: Path, field: str, cause: BaseException):
         self.file, self.field = file, field
         self.detail = f"{type(cause).__name__}: {cause}"
-        super().__init__(f"{file}: field 'prompt.{field}': cannot render: {self.detail}")
+        where = field if "." in field else f"prompt.{field}"
+        super().__init__(f"{file}: field '{where}': cannot render: {self.detail}")
 
 
 class Harness:
@@ -293,6 +299,19 @@ class Harness:
             return self._templates[name].render(context)
         except Exception as exc:  # an untrusted template may fail in any way; report it, never a traceback
             raise TemplateRenderError(self.folder / name, field, exc) from None
+
+    def render_answer(self, task_payload: dict[str, Any], answer: Any) -> str:
+        """A correct reply to the task in this harness's format (``answer.template``), without EOS."""
+        name = self.document.answer.template
+        if name is None:
+            raise UserError(f"{self.path}: field 'answer.template' is not set, so answers cannot be written in "
+                            "this harness's format; add an answer template")
+        context = {"task": task_payload, "vars": self.document.prompt.vars, "answer": answer,
+                   "tools": [t.model_dump(mode="json") for t in self.document.tools]}
+        try:
+            return self._templates[name].render(context)
+        except Exception as exc:  # noqa: BLE001 - as for prompts: a failed render is reported, never raised raw
+            raise TemplateRenderError(self.folder / name, "answer.template", exc) from None
 
     def prompt_messages(self, task_payload: dict[str, Any]) -> list[PromptMessage]:
         """What the model is shown for one task: ("system", ...) if there is a system_template, then ("user", ...)."""
@@ -375,7 +394,7 @@ def _explain(path: Path, exc: ValidationError, raw: dict[str, Any]) -> str:
 
 def _template_file(path: Path, field: str, rel: str) -> Path:
     """The template file ``rel`` names, which must lie inside the harness folder (symlinks resolved)."""
-    where = f"{path}: field 'prompt.{field}'"
+    where = f"{path}: field '{_qualified(field)}'"
     if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).anchor:
         raise UserError(f"{where}: template path {rel!r} is absolute; give a path relative to {path.parent}")
     if ".." in PurePosixPath(rel.replace("\\", "/")).parts:
@@ -390,30 +409,35 @@ def _template_file(path: Path, field: str, rel: str) -> Path:
     return target
 
 
+def _qualified(field: str) -> str:
+    return field if "." in field else f"prompt.{field}"
+
+
 def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     """Read and statically check one template; return its source."""
-    file = _template_file(path, field, rel)
+    file, where = _template_file(path, field, rel), _qualified(field)
+    names = ANSWER_NAMES if where == "answer.template" else TEMPLATE_NAMES
     try:
         source = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{file}: field 'prompt.{field}': template is not UTF-8 text") from None
+        raise UserError(f"{file}: field '{where}': template is not UTF-8 text") from None
     env = template_env()
     try:
         ast = env.parse(source, name=rel)
     except TemplateSyntaxError as exc:
-        raise UserError(f"{file}:{exc.lineno}: field 'prompt.{field}': template syntax error: {exc.message}") from None
-    undefined = sorted(meta.find_undeclared_variables(ast) - set(TEMPLATE_NAMES))
+        raise UserError(f"{file}:{exc.lineno}: field '{where}': template syntax error: {exc.message}") from None
+    undefined = sorted(meta.find_undeclared_variables(ast) - set(names))
     if undefined:
         raise UserError(
-            f"{file}: field 'prompt.{field}': template uses undefined variable {undefined[0]!r}; "
-            f"templates may use {', '.join(TEMPLATE_NAMES)} (constants go in [prompt.vars])"
+            f"{file}: field '{where}': template uses undefined variable {undefined[0]!r}; "
+            f"templates may use {', '.join(names)} (constants go in [prompt.vars])"
         )
     for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
         if isinstance(node.node, nodes.Name) and node.node.name == "vars":
             key = node.attr if isinstance(node, nodes.Getattr) else getattr(node.arg, "value", None)
             if isinstance(key, str) and key not in doc.prompt.vars:
                 raise UserError(
-                    f"{file}: field 'prompt.{field}': template uses undefined variable 'vars.{key}'; "
+                    f"{file}: field '{where}': template uses undefined variable 'vars.{key}'; "
                     f"declare it under [prompt.vars] (declared: {', '.join(doc.prompt.vars) or 'none'})"
                 )
     return source
@@ -462,6 +486,9 @@ def _check_renders(path: Path, harness: Harness) -> None:
         except UserError as exc:
             raise UserError(f"{path}: field 'family': cannot draw sample tasks: {exc}") from None
         failures = [(t, err) for t in tasks if (err := _render_failure(harness, t)) is not None]
+        if not failures and harness.document.answer.template is not None:
+            for task in tasks:
+                _check_answer_round_trip(path, harness, family, task)
         if not failures or (level > family.min_level and len(failures) == len(tasks)):
             continue
         task, err = failures[0]
@@ -473,6 +500,23 @@ def _check_renders(path: Path, harness: Harness) -> None:
             f"seed {task.seed}, level {level}, index {task.index}, payload {json.dumps(task.payload)}): "
             f"{err.detail}; {why}"
         )
+
+
+def _check_answer_round_trip(path: Path, harness: Harness, family: Any, task: Task) -> None:
+    """The answer template writes the task's answer so that the harness's own parser reads back a value the
+    family's verifier accepts: otherwise re-rendered answers would teach the model wrong replies."""
+    from rsi.parsers import get_parser
+
+    answer = harness.document.answer
+    where = f"{path}: field 'answer.template'"
+    text = harness.render_answer(task.payload, task.answer)
+    parsed = get_parser(answer.parser)(text, **answer.params)
+    if not parsed.ok or parsed.extra or not family.verify(task, parsed.value):
+        got = (parsed.error if not parsed.ok else f"extra content {parsed.extra!r}" if parsed.extra
+               else f"the value {parsed.value!r}, which the verifier rejects")
+        raise UserError(f"{where}: renders the answer of {family.name} task {task.id} (level {task.level}, "
+                        f"answer {task.answer!r}) as {text!r}, and parser {answer.parser!r} reads back {got}; "
+                        "make the template write what the parser reads")
 
 
 def shipped_harnesses() -> Path:
@@ -517,6 +561,8 @@ def load_harness(path: str | Path) -> Harness:
         rel = getattr(doc.prompt, field)
         if rel is not None:
             sources[rel] = _check_template(file, field, rel, doc)
+    if doc.answer.template is not None:
+        sources[doc.answer.template] = _check_template(file, "answer.template", doc.answer.template, doc)
     _check_model_base(file, doc)
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
     warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()

@@ -20,8 +20,8 @@ from rsi.config import Settings
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 LINEAGE_ROLE = {"rsi.role": "lineage"}
-TAGS = ("generation", "parent_version", "pair_id", "harness_id", "harness_hash", "contract_version",
-        "base_model_hash", "dataset_digest", "gate")
+TAGS = ("generation", "parent_version", "pair_id", "harness_id", "harness_hash", "parent_harness_hash",
+        "contract_version", "base_model_hash", "dataset_digest", "gate")
 
 
 def model_name(lineage: str) -> str:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rsi.audit import audit
 from rsi.errors import RuntimeFailure, UserError
-from rsi.evaluate import LevelScore, evaluate, evaluation_tasks, level_scores, solved
+from rsi.evaluate import LevelScore, evaluate, evaluation_tasks, level_scores, posable, solved
 from rsi.execute import rollout
 
 if TYPE_CHECKING:
@@ -44,15 +44,16 @@ log = logging.getLogger("rsi.runners")
 
 
 class Runner(Protocol):
-    """The work a stage fans out, with the lineage run's harness, family and base model."""
+    """The work a stage fans out under a given harness, with the lineage run's family and base model."""
 
-    def rollout(self, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
+    def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> list[Trajectory]: ...
 
-    def audit(self, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task], pair: Pair | None) -> list[Verdict]: ...
+    def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
+              pair: Pair | None) -> list[Verdict]: ...
 
-    def evaluate(self, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int, adapter: str | None,
-                 split: Split) -> list[LevelScore]: ...
+    def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
+                 adapter: str | None, split: Split) -> list[LevelScore]: ...
 
     def close(self) -> None: ...
 
@@ -70,16 +71,17 @@ class LocalRunner:
     def __init__(self, run: LineageRun):
         self.run = run
 
-    def rollout(self, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
+    def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> list[Trajectory]:
-        return rollout(tasks, self.run.harness, self.run.backend, pair_id, params, adapter=adapter)
+        return rollout(tasks, harness, self.run.backend, pair_id, params, adapter=adapter)
 
-    def audit(self, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task], pair: Pair | None) -> list[Verdict]:
-        return [audit(t, tasks[t.task_id], self.run.harness, self.run.family, pair) for t in trajectories]
+    def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
+              pair: Pair | None) -> list[Verdict]:
+        return [audit(t, tasks[t.task_id], harness, self.run.family, pair) for t in trajectories]
 
-    def evaluate(self, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int, adapter: str | None,
-                 split: Split) -> list[LevelScore]:
-        return evaluate(self.run.harness, self.run.family, self.run.backend, pair_id, levels, n,
+    def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
+                 adapter: str | None, split: Split) -> list[LevelScore]:
+        return evaluate(harness, self.run.family, self.run.backend, pair_id, levels, n,
                         lineage_seed=lineage_seed, adapter=adapter, split=split)
 
     def close(self) -> None:
@@ -110,10 +112,10 @@ class RayRunner:
         self.run, self.shards = run, shards
         self._started = False  # whether this runner called ray.init (and so must call ray.shutdown)
 
-    def rollout(self, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
+    def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> list[Trajectory]:
-        parts = self._split_by_prompt(tasks)
-        results = self._map(_rollout_shard, [([tasks[i] for i in part], pair_id, params, adapter) for part in parts])
+        parts = self._split_by_prompt(harness, tasks)
+        results = self._map(harness, _rollout_shard, [([tasks[i] for i in part], pair_id, params, adapter) for part in parts])
         per_task: list[list[Trajectory]] = [[] for _ in tasks]
         for part, trajectories in zip(parts, results, strict=True):
             if len(trajectories) != len(part) * params.n:
@@ -123,22 +125,24 @@ class RayRunner:
                 per_task[i] = trajectories[j * params.n:(j + 1) * params.n]
         return [t for group in per_task for t in group]
 
-    def audit(self, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task], pair: Pair | None) -> list[Verdict]:
+    def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
+              pair: Pair | None) -> list[Verdict]:
         count = self._count(len(trajectories))
         size = -(-len(trajectories) // count) if trajectories else 1
         chunks = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
         args = [(chunk, {t.task_id: tasks[t.task_id] for t in chunk}, pair) for chunk in chunks]
-        return [v for verdicts in self._map(_audit_shard, args) for v in verdicts]
+        return [v for verdicts in self._map(harness, _audit_shard, args) for v in verdicts]
 
-    def evaluate(self, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int, adapter: str | None,
-                 split: Split) -> list[LevelScore]:
-        tasks, params = evaluation_tasks(self.run.harness, self.run.family, levels, n, lineage_seed=lineage_seed,
+    def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
+                 adapter: str | None, split: Split) -> list[LevelScore]:
+        every, params = evaluation_tasks(harness, self.run.family, levels, n, lineage_seed=lineage_seed,
                                          k=1, split=split)
-        parts = self._split_by_prompt(tasks)
-        outcomes: dict[str, bool] = {}
-        for part in self._map(_solve_shard, [([tasks[i] for i in p], pair_id, params, adapter) for p in parts]):
+        outcomes = {t.id: False for t in every}  # a task the harness cannot pose is not solved
+        tasks = posable(harness, every)
+        parts = self._split_by_prompt(harness, tasks) if tasks else []
+        for part in self._map(harness, _solve_shard, [([tasks[i] for i in p], pair_id, params, adapter) for p in parts]):
             outcomes |= part
-        return level_scores(tasks, outcomes, levels, n, k=1)
+        return level_scores(every, outcomes, levels, n, k=1)
 
     def close(self) -> None:
         if self._started:
@@ -148,12 +152,12 @@ class RayRunner:
             self._started = False
 
     # -- shards -------------------------------------------------------------------------------------------
-    def _split_by_prompt(self, tasks: Sequence[Task]) -> list[list[int]]:
+    def _split_by_prompt(self, harness: Harness, tasks: Sequence[Task]) -> list[list[int]]:
         """Task indices per shard: prompts dealt round-robin in order of first appearance (levels spread
         evenly), each shard's indices ascending, so equal prompts keep their order within one shard."""
         groups: dict[str, list[int]] = {}
         for i, task in enumerate(tasks):
-            groups.setdefault(self.run.harness.prompt(task.payload), []).append(i)
+            groups.setdefault(harness.prompt(task.payload), []).append(i)
         count = self._count(len(groups))
         parts: list[list[int]] = [[] for _ in range(count)]
         for g, indices in enumerate(groups.values()):
@@ -167,17 +171,17 @@ class RayRunner:
         wanted = self.shards or int(ray.cluster_resources().get("CPU", 1))
         return max(1, min(wanted, items))
 
-    def _map(self, fn: Callable[..., Any], args: list[tuple]) -> list[Any]:
+    def _map(self, harness: Harness, fn: Callable[..., Any], args: list[tuple]) -> list[Any]:
         """``fn(spec, *a)`` for each ``a``, one Ray task each, results in the order of ``args``."""
         import ray
 
-        spec, remote = self._spec(), _remote_shard()
+        spec, remote = self._spec(harness), _remote_shard()
         refs = [remote.remote(fn, spec, pickle.dumps(a, protocol=5)) for a in args]
         return [pickle.loads(result) for result in ray.get(refs)]
 
-    def _spec(self) -> WorkerSpec:
+    def _spec(self, harness: Harness) -> WorkerSpec:
         run = self.run
-        return WorkerSpec(model_dir=str(run.base_dir), harness=str(run.harness.path), harness_hash=run.harness.hash,
+        return WorkerSpec(model_dir=str(run.base_dir), harness=str(harness.path), harness_hash=harness.hash,
                           family=run.family.name)
 
     def _connect(self) -> None:
@@ -218,7 +222,7 @@ def _shard(fn: Callable[..., Any], spec: WorkerSpec, args: bytes) -> bytes:
     return pickle.dumps(fn(spec, *pickle.loads(args)), protocol=5)
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=8)  # the champion's harness and the candidates a harness search tries
 def _harness(spec: WorkerSpec) -> tuple[Harness, TaskFamily]:
     from rsi.hcp import load_harness
     from rsi.tasks import get_family

@@ -21,8 +21,8 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TAGS = ("generation", "parent_version", "pair_id", "harness_id", "harness_hash", "contract_version",
-        "base_model_hash", "dataset_digest", "gate")
+TAGS = ("generation", "parent_version", "pair_id", "harness_id", "harness_hash", "parent_harness_hash",
+        "contract_version", "base_model_hash", "dataset_digest", "gate")
 
 
 def seed_home(home: Path, base: Path) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from rsi.models import Task, Trajectory, Verdict
-from rsi.store.schema import Base, TaskRow, TrajectoryRow, VerdictRow
+from rsi.store.schema import AttributionRow, Base, TaskRow, TrajectoryRow, VerdictRow
 
 CHUNK = 500
 
@@ -78,6 +78,24 @@ def put_verdicts(session: Session, verdicts: Iterable[Verdict]) -> int:
     session.add_all(new)
     session.flush()
     return len(new)
+
+
+def store_attribution(session: Session, generation_id: int, rows: Iterable[Any]) -> None:
+    """A generation's failure attribution (``rsi.attribution.Attribution`` rows), replacing any earlier one."""
+    session.execute(delete(AttributionRow).where(AttributionRow.generation_id == generation_id))
+    session.add_all(AttributionRow(generation_id=generation_id, level=r.level, task_id=r.task_id, cause=r.cause,
+                                   owner=r.owner, tasks=r.tasks, samples=dict(r.samples)) for r in rows)
+    session.flush()
+
+
+def load_attribution(session: Session, generation_id: int) -> list[Any]:
+    """A generation's stored failure attribution, as ``rsi.attribution.Attribution`` rows."""
+    from rsi.attribution import Attribution
+
+    rows = session.scalars(select(AttributionRow).where(AttributionRow.generation_id == generation_id)
+                           .order_by(AttributionRow.id))
+    return [Attribution(level=r.level, task_id=r.task_id, cause=r.cause, owner=r.owner, tasks=r.tasks,
+                        samples=r.samples) for r in rows]
 
 
 def task_from_row(row: TaskRow) -> Task:

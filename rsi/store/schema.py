@@ -178,6 +178,23 @@ class EvaluationRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class AttributionRow(Base):
+    """Why a task of a generation was failed or not posed, and whose it is: model, harness or task
+    (``rsi.attribution``). One row per failed task; one per level the harness could not pose."""
+
+    __tablename__ = "rsi_attributions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    generation_id: Mapped[int] = mapped_column(ForeignKey("rsi_generations.id", ondelete="CASCADE"), index=True)
+    level: Mapped[int]
+    task_id: Mapped[str | None] = mapped_column(String(64))  # None: a level not posable, no task was drawn
+    cause: Mapped[str] = mapped_column(String(32))
+    owner: Mapped[str] = mapped_column(String(16))
+    tasks: Mapped[int] = mapped_column(default=1)  # 1 per failed task; the tasks wanted at a level not posable
+    samples: Mapped[dict[str, Any]]  # cause -> samples of the task with that cause
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class HarnessRow(Base):
     """A harness version locked to its content hash at first use: the same id@version never changes."""
 

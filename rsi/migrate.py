@@ -1,0 +1,41 @@
+"""Migration: the content of audited trajectories, written again under another harness of the same family.
+
+A trajectory's content is its task and the answer the auditor parsed from the reply; an answer template
+(``answer.template``) writes that answer in any harness's format. So a pair's own verified experience becomes
+training data for a format it has never replied in: the harness search's migration step, and the replay of
+earlier generations after a lineage changed harness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rsi.audit import prompt_text
+from rsi.errors import UserError
+from rsi.hcp import Harness
+from rsi.models import Task, Trajectory
+from rsi.parsers import get_parser
+from rsi.select import Example
+
+
+def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harness, kind: str = "replay") -> Example:
+    """The example ``trajectory`` (recorded under ``source``) teaches, written under ``target``: the same task
+    and answer in ``target``'s prompt and answer format. Unchanged when the harness is the same."""
+    if source.hash == target.hash:
+        return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt_text(trajectory),
+                       completion=trajectory.completion, source=kind)
+    if source.document.family != target.document.family:
+        raise UserError(f"cannot migrate a {source.document.family} trajectory to harness {target.id} of family "
+                        f"{target.document.family}")
+    answer = source.document.answer
+    parsed = get_parser(answer.parser)(trajectory.completion, **answer.params)
+    if not parsed.ok:
+        raise UserError(f"trajectory {trajectory.id} has no parsable answer under {source.id} ({parsed.error}); "
+                        "only passed trajectories can be migrated")
+    return Example(trajectory_id=trajectory.id, level=task.level, prompt=target.prompt(task.payload),
+                   completion=target.render_answer(task.payload, parsed.value), source=kind)
+
+
+def migrate(pairs: Sequence[tuple[Trajectory, Task, Harness]], target: Harness, kind: str = "replay") -> list[Example]:
+    """``rerender`` for each (trajectory, task, source harness), in order."""
+    return [rerender(t, task, source, target, kind) for t, task, source in pairs]

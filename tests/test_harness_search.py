@@ -1,0 +1,90 @@
+"""The candidate-harness stage on the tiny profile (mechanics, not improvement: ``make demo`` and
+``bench/harness.py`` measure that), with real Prefect, MLflow, PEFT and SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rsi.cycle import Discovered
+from rsi.curriculum import LevelPlan
+from rsi.hcp import load_harness
+from rsi.proposers import propose
+
+
+
+def found(plan: list[int], unposable: dict[int, int]) -> Discovered:
+    return Discovered(accuracy={1: 1.0}, frontier=1, plan=[LevelPlan(level=lvl, n_tasks=8) for lvl in plan],
+                      task_ids=[], frontier_levels=plan, replay_levels=[], unposable=unposable)
+
+
+@pytest.mark.parametrize(("plan", "unposable", "stalled", "every", "number", "wanted"), [
+    ([], {11: 512}, False, 0, 7, True),  # the target level is beyond the harness: search
+    ([10], {11: 128}, False, 0, 7, False),  # only the look-ahead is beyond it, and progress goes on: train
+    ([10], {11: 128}, True, 0, 7, True),  # ... but the last candidate was rejected: the harness holds it back
+    ([], {}, True, 0, 7, False),  # the curriculum's own top: nothing a harness could change
+    ([5], {}, False, 3, 6, True), ([5], {}, False, 3, 7, False),  # every K generations
+])
+def test_the_search_runs_when_the_harness_holds_progress_back_or_every_k(plan, unposable, stalled, every, number,
+                                                                          wanted):
+    from flows.cycle import wants_search
+    from rsi.cycle import HarnessSearchSpec
+
+    spec = HarnessSearchSpec(every=every)
+    assert wants_search(spec, found(plan, unposable), number, stalled) is wanted
+    assert not wants_search(spec.model_copy(update={"enabled": False}), found(plan, unposable), number, stalled)
+
+
+def test_proposals_are_valid_distinct_and_never_the_harness_itself(tmp_path) -> None:
+    from rsi.store import open_store
+    from rsi.store.harnesses import store_new
+
+    v2 = load_harness("addition/v2")
+    proposals = propose(v2, ["addition"], {"width": [10, 12, 16, 12]})
+    assert [p.document["prompt"]["vars"]["width"] for p in proposals] == [10, 12, 16]  # v2 + an answer template
+    with open_store(f"sqlite:///{tmp_path}/rsi.db").session() as s:
+        stored = [store_new(s, p.document, p.sources, tmp_path) for p in proposals]
+    assert stored[2].prompt({"a": 5, "b": 7}) == "5" + "0" * 15 + "+7" + "0" * 15 + "="
+    assert stored[2].render_answer({"a": 5, "b": 7}, 12) == "21" + "0" * 15
+    assert len({h.id for h in stored}) == 3 and all(h.id.startswith("addition/v2.pad") for h in stored)
+
+
+@pytest.mark.slow
+def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefect_api, tiny_base, rsi_home):
+    """Generation 1 as usual; generation 2 searches (every=2) two candidate widths: each is stored, migrated
+    from the champion on the lineage's verified answers, judged, and registered with its harness tags."""
+    from mlflow import MlflowClient
+    from sqlalchemy import select
+
+    from rsi.config import get_settings
+    from rsi.store import open_store
+    from rsi.store.schema import HarnessRow, PairRow
+
+    from .test_cycle import run_tiny, seed_home
+
+    seed_home(rsi_home, tiny_base)
+    search = {"every": 2, "space": {"width": [11, 12]}, "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
+    summaries, _ = run_tiny(2, harness_search=search)
+    searched = summaries[1]
+    assert [c["harness"].split(".pad")[1][:2] for c in searched["harness_candidates"]] == ["11", "12"]
+    with open_store().session() as s:
+        stored = set(s.scalars(select(HarnessRow.id)))
+        pairs = {r.harness_id for r in s.scalars(select(PairRow))}
+    assert {c["harness"] for c in searched["harness_candidates"]} <= stored & pairs
+    client = MlflowClient(get_settings().mlflow_uri)
+    versions = client.search_model_versions("name = 'rsi-addition'")
+    candidates = [v for v in versions if "harness_candidate" in v.tags]
+    tried = sorted(c["harness"] for c in searched["harness_candidates"])
+    assert sorted(v.tags["harness_id"] for v in candidates) == tried
+    for v in candidates:
+        assert v.tags["harness_hash"] != v.tags["parent_harness_hash"] and v.tags["gate_reasons"]
+        run = client.get_run(v.run_id)
+        assert run.data.tags["candidate_harness"] == v.tags["harness_id"] and "train_loss" in run.data.metrics
+    shown = subprocess.run([sys.executable, "-m", "rsi", "lineage", "show", "addition"], capture_output=True,
+                           text=True, timeout=300)
+    assert shown.returncode == 0 and shown.stdout.count("(new) │") == len(candidates), shown.stdout
+    attributed = subprocess.run([sys.executable, "-m", "rsi", "harness", "attribute", "addition", "--generation", "1"],
+                                capture_output=True, text=True, timeout=300)
+    assert attributed.returncode == 0 and "generation 1" in attributed.stdout, attributed.stderr
