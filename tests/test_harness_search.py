@@ -1,5 +1,5 @@
-"""The candidate-harness stage on the tiny profile (mechanics, not improvement: ``make demo`` and
-``bench/harness.py`` measure that), with real Prefect, MLflow, PEFT and SQLite."""
+"""The candidate-harness stage on the tiny profile, with real Prefect, MLflow, PEFT and SQLite: the mechanics
+(propose, store, migrate, judge, register), not improvement, which the tiny profile cannot show."""
 
 from __future__ import annotations
 
