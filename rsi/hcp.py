@@ -52,6 +52,8 @@ LEGACY_CONTRACTS = {
     "1": "it does not require messages_allowed, so a trajectory with messages beyond the rendered prompt "
          "and one reply can pass; new harness versions use contract version 2",
 }
+# (section, field) added after documents were first hashed: hashed only when set (see Harness.hash)
+LATER_FIELDS = (("answer", "template"),)
 TEMPLATE_NAMES = ("task", "vars", "tools")
 ANSWER_NAMES = (*TEMPLATE_NAMES, "answer")  # an answer template also sees the answer it writes
 TEMPLATE_FIELDS = ("template", "system_template")
@@ -271,9 +273,15 @@ class Harness:
 
     @cached_property
     def hash(self) -> str:
-        """Digest of the document's content and its templates' bytes; comments and key order do not count."""
+        """Digest of the document's content and its templates' bytes; comments and key order do not count.
+        A field added to the protocol later counts only when set (``LATER_FIELDS``), so the documents hashed
+        before it existed keep their hash: a used harness stays the same harness."""
         files = digest_bytes([(name, src.encode()) for name, src in self.sources.items()])
-        return digest({"document": self.document.model_dump(mode="json"), "templates": files})
+        document = self.document.model_dump(mode="json")
+        for section, field in LATER_FIELDS:
+            if document[section].get(field) is None:
+                document[section].pop(field, None)
+        return digest({"document": document, "templates": files})
 
     @property
     def contract_version(self) -> str:

@@ -433,3 +433,11 @@ def test_the_wheel_ships_every_harness_version(tmp_path: Path) -> None:
     shipped = {str(p.relative_to(REPO)) for p in (REPO / "harness_versions").rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     assert shipped and shipped <= names, sorted(shipped - names)
+
+
+@pytest.mark.parametrize(("version", "pinned"), [("addition/v1", "25cddabf81cb6c06"),
+                                                  ("addition/v2", "b331550ca9311d09")])
+def test_a_shipped_version_keeps_its_hash_across_protocol_additions(version: str, pinned: str) -> None:
+    """Stored lineages name these hashes (pairs, verdicts, the harness lock): a field added to HCPDocument later
+    (answer.template) must not change the hash of a document that does not set it."""
+    assert load_harness(version).hash.startswith(pinned)
