@@ -35,7 +35,7 @@ def seed_home(home: Path, base: Path) -> None:
 
 # A tiny configuration whose clean candidate is promoted on this fixed seed (enough training and held-out
 # tasks for the gate to see the gain); the corruption test needs both sides decided.
-PROMOTING = {"train": {"steps": 60, "batch_size": 32, "warmup": 4}, "eval_n": 256,
+PROMOTING = {"train": {"steps": 120, "batch_size": 32, "warmup": 4}, "eval_n": 256,
              "curriculum": {"rule": "accelerated", "tasks_per_level": 128, "lookahead_tasks": 32, "max_level": 6}}
 
 

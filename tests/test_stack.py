@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # one real generatio
 SCREENSHOTS = Path(os.environ.get("RSI_TEST_OUTPUT", REPO / "test-output")) / "screenshots"
 # the tiny profile with enough training and held-out tasks that generation 1 is promoted on seed 0 (test_cycle's
 # PROMOTING), so the registry has a champion alias to show
-PROMOTING = ["train.steps=60", "train.batch_size=32", "train.warmup=4", "eval_n=256", "curriculum.rule=accelerated",
+PROMOTING = ["train.steps=120", "train.batch_size=32", "train.warmup=4", "eval_n=256", "curriculum.rule=accelerated",
              "curriculum.tasks_per_level=128", "curriculum.lookahead_tasks=32"]
 
 
@@ -112,7 +112,7 @@ def test_deployment_has_schedule_concurrency_and_json_parameters(served: Served)
     assert deployment["schedules"][0]["schedule"]["interval"] == 3600
     params = deployment["parameters"]
     assert (params["family"], params["lineage"], params["profile"], params["generations"]) == ("addition", "climb", "tiny", 1)
-    assert params["overrides"]["train"]["steps"] == 60
+    assert params["overrides"]["train"]["steps"] == 120
     assert deployment["job_variables"]["env"]["RSI_HOME"] == str(served.home)
 
 
