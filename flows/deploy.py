@@ -12,6 +12,7 @@ so any machine with rsi installed can run it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -108,7 +109,12 @@ def worker(settings: Settings, *, run_once: bool = False, limit: int | None = No
     command += ["--run-once"] if run_once else []
     command += ["--limit", str(limit)] if limit else []
     env = os.environ | {"PREFECT_API_URL": api, "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
-    try:
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
-        return 130
+    child = subprocess.Popen(command, env=env)
+    # A SIGTERM sent to `rsi worker` alone (kill, a service manager) must stop the Prefect worker too: before
+    # this, `kill` on rsi's pid left the worker polling and running flows (seen in the issue 9 acceptance run).
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the worker as well: wait for it to stop
+            continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +92,48 @@ def test_stack_is_healthy_and_rsi_uses_it(served: Served) -> None:
     shown = json.loads(served.rsi("config", "show", "--json").stdout)
     assert shown["prefect_api_url"] == served.api
     assert shown["mlflow_tracking_uri"] == served.stack["mlflow_tracking_uri"]
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_sigterm_to_rsi_worker_stops_its_prefect_worker(served: Served) -> None:
+    """`kill <pid of rsi worker>` (a service manager's stop) stops the Prefect worker it started, too."""
+    proc = subprocess.Popen([sys.executable, "-m", "rsi", "worker"], cwd=REPO, env=served.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (kids := children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert kids, "rsi worker started no Prefect worker"
+        time.sleep(5)  # let it start polling
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(k) for k in kids), "the Prefect worker outlived rsi worker"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_deploy_refuses_bad_schedules(served: Served) -> None:
