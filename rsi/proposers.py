@@ -9,7 +9,6 @@ anything runs under it.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -73,7 +72,7 @@ def variant(harness: Harness, slug: str, why: str, changes: dict[str, Any], sour
             drop: tuple[str, ...] = ()) -> Proposal:
     """``harness`` with dotted fields set (``decoding.temperature``), templates added or replaced, template files
     dropped, and the version ``<root>.<slug>-<content digest>``: the same content always gets the same id."""
-    doc = copy.deepcopy(harness.document.model_dump(mode="json"))
+    doc = harness.document.model_dump(mode="json")  # a fresh dict, edited in place
     for dotted, value in changes.items():
         node = doc
         *path, last = dotted.split(".")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from rsi.basemodel import (BOS_ID, DIGIT0_ID, EOS_ID, EQ_ID, PAD_ID, PLUS_ID, VOCAB, BaseRecipe, _add_digits,
-                           _build_model, digits_to_int, sample_operands)
+                           _build_model, _generate, digits_to_int, sample_operands)
 
 import os
 torch.set_num_threads(int(os.environ.get("RW_THREADS", "2")))
@@ -118,26 +118,8 @@ def add_lora(model, r=16, alpha=32):
 # ---------------------------------------------------------------- generation / eval
 @torch.inference_mode()
 def generate(model, prompts: torch.Tensor, max_new: int, temperature: float, gen) -> torch.Tensor:
-    from transformers import DynamicCache
-    cache = DynamicCache()
-    out = model(input_ids=prompts, use_cache=True, past_key_values=cache)
-    new, done = [], torch.zeros(prompts.shape[0], dtype=torch.bool)
-    for i in range(max_new):
-        logits = out.logits[:, -1, :].float()
-        if temperature > 0:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).squeeze(1)
-        else:
-            nxt = logits.argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
-        new.append(nxt)
-        done |= nxt == EOS_ID
-        if bool(done.all()) or i == max_new - 1:
-            break
-        out = model(input_ids=nxt[:, None], use_cache=True, past_key_values=cache)
-    res = torch.stack(new, 1)
-    if res.shape[1] < max_new:
-        res = F.pad(res, (0, max_new - res.shape[1]), value=PAD_ID)
-    return res
+    """rsi's own batched KV-cached decoding (one sampler for the base build, the backends and this research)."""
+    return _generate(model, prompts, max_new, temperature, gen)
 
 
 def operands(seed_key, level, n, w, split):
