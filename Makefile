@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/rsi harness validate harness_versions/addition/v2
 	$(BIN)/rsi base build
 	$(BIN)/rsi run addition --generations $(GENERATIONS)
-	$(BIN)/rsi eval --lineage addition --split test --levels 1-10 --n 256
+	$(BIN)/rsi eval --lineage addition --split test --levels 1-16 --n 256
 
 test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -52,7 +52,7 @@ def workload(run):
 def one_pass(runner, run, champ, tasks, params, levels) -> tuple[dict[str, float], dict]:
     """Seconds per stage and the outputs (to compare runners)."""
     seconds, started = {}, time.perf_counter()
-    trajectories = runner.rollout(run.harness, tasks, champ.pair_id, params)
+    trajectories, _ = runner.rollout(run.harness, tasks, champ.pair_id, params)
     seconds["execute"] = time.perf_counter() - started
     started = time.perf_counter()
     verdicts = runner.audit(run.harness, trajectories, {t.id: t for t in tasks}, run.load_pair(champ.pair_id))

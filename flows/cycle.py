@@ -67,7 +67,7 @@ from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.hcp import Harness  # noqa: E402
-from rsi.migrate import rerender  # noqa: E402
+from rsi.migrate import changes_format, rerender  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
 from rsi.splits import stream_seed  # noqa: E402
@@ -161,8 +161,12 @@ def execute(config: CycleConfig, number: int, champ: Champion, found: Discovered
         harness = run.harness_of(champ)
         params = sampling_params(harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         start = time.perf_counter()
-        trajectories = run.runner.rollout(harness, tasks, champ.pair_id, params, adapter=champ.adapter_dir)
+        trajectories, posed = run.runner.rollout(harness, tasks, champ.pair_id, params, adapter=champ.adapter_dir)
+        if harness.document.plan is not None:  # the plan's calls are the trajectories; training data holds
+            keep = {t.id for t in posed if t.split == "train"}  # train-split problems only, whatever they are part of
+            posed, trajectories = [t for t in posed if t.id in keep], [t for t in trajectories if t.task_id in keep]
         with run.write() as s:
+            put_tasks(s, posed)
             put_trajectories(s, trajectories, generation_id=gen.id)
         return Executed(trajectories=len(trajectories), tasks=len(tasks), seconds=time.perf_counter() - start,
                         ids=[t.id for t in trajectories])
@@ -239,16 +243,17 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
                          frontier_levels=set(found.frontier_levels), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data
         dataset = dataset.model_copy(update={"corrupted": corrupted})  # its own digest: never mistaken for clean
+        key = dataset.digest  # hashes every example: once, not once per stored item inside the write lock
         with run.write() as s:
-            if s.get(DatasetRow, dataset.digest) is None:
-                s.add(DatasetRow(digest=dataset.digest, lineage=run.config.lineage, generation_id=gen.id,
+            if s.get(DatasetRow, key) is None:
+                s.add(DatasetRow(digest=key, lineage=run.config.lineage, generation_id=gen.id,
                                  size=len(dataset.examples),
                                  filters={**run.config.selection.model_dump(mode="json"), "corrupted": corrupted,
                                           "sources": [e.source for e in dataset.examples]}))
                 s.flush()
-                s.add_all(DatasetItem(dataset_digest=dataset.digest, position=i, trajectory_id=e.trajectory_id)
+                s.add_all(DatasetItem(dataset_digest=key, position=i, trajectory_id=e.trajectory_id)
                           for i, e in enumerate(dataset.examples))
-        return Selected(digest=dataset.digest, size=len(dataset.examples), corrupted=corrupted,
+        return Selected(digest=key, size=len(dataset.examples), corrupted=corrupted,
                         frontier=len(dataset.pool("frontier")), replay=len(dataset.pool("replay")))
 
     inputs = {"audit": audited.model_dump(mode="json"), "trajectories": list(executed.ids)}
@@ -352,11 +357,12 @@ def log_training(run, gen, champ, selected, dataset, losses, seconds, harness: H
                            "prompt": e.prompt, "completion": e.completion} for e in dataset.examples])
     name = f"gen-{gen.number:03d}" + (f"-{harness.document.version}" if harness is not None else "")
     with run.registry.start_run(name, tags) as mlrun:
-        with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
-            warnings.simplefilter("ignore", UserWarning)
-            data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
-                                           digest=selected.digest[:36])
-            mlflow.log_input(data, context="training")
+        if dataset.examples:  # none: a candidate harness paired with the champion's adapter as it is
+            with warnings.catch_warnings():  # MLflow's hint about integer columns: ours never miss values
+                warnings.simplefilter("ignore", UserWarning)
+                data = mlflow.data.from_pandas(frame, name=f"{run.config.lineage}-gen{gen.number}-selected",
+                                               digest=selected.digest[:36])
+                mlflow.log_input(data, context="training")
         mlflow.log_params({f"train.{k}": v for k, v in run.config.train.model_dump().items()}
                           | {"parent_pair_id": champ.pair_id, "dataset_digest": selected.digest,
                              "dataset_size": selected.size})
@@ -437,16 +443,20 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
             harnesses = [store_new(s, p.document, p.sources, run.settings.home) for p in proposals]
         migration = store_migration_set(run, gen)
         adapter_hash = run.load_pair(champ.pair_id).adapter_hash
-        candidates = []
+        candidates: list[HarnessCandidate] = []
         for attempt, (proposal, harness) in enumerate(zip(proposals, harnesses, strict=True), start=1):
             log.info("generation %d: candidate harness %s: %s", gen.number, harness.id, proposal.why)
             migrate = changes_format(parent, harness)
             if migrate and not migration.size:
                 log.info("generation %d: %s skipped: no verified answers to migrate yet", gen.number, harness.id)
                 continue
-            trained = migrate_to(run, gen, champ, harness, migration) if migrate else None
-            judged = judge(run, gen, champ, found, harness, trained.adapter_hash if trained else adapter_hash,
-                           trained.adapter_dir if trained else champ.adapter_dir, attempt)
+            if not migrate and champ.adapter_dir is None:
+                log.info("generation %d: %s skipped: the champion is the base, no adapter to pair", gen.number,
+                         harness.id)
+                continue
+            trained = migrate_to(run, gen, champ, harness, migration) if migrate else \
+                keep_adapter(run, gen, champ, harness, adapter_hash)
+            judged = judge(run, gen, champ, found, harness, trained.adapter_hash, trained.adapter_dir, attempt)
             log.info("generation %d: candidate harness %s %s (p=%.3g): %s", gen.number, harness.id,
                      "beats the champion" if judged.decision.promote else "rejected", judged.decision.p_value,
                      {k: round(v, 3) for k, v in judged.candidate.items()})
@@ -459,12 +469,6 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
 
     inputs = {"champion": champ.pair_id, "spec": spec.model_dump(mode="json"), "champions": run.champion_pairs()}
     return run.run_stage(gen, "search", inputs, body)
-
-
-def changes_format(parent: Harness, candidate: Harness) -> bool:
-    """Whether replies look different under ``candidate``: its prompt or its answer format differs."""
-    p, c = parent.document, candidate.document
-    return parent.sources != candidate.sources or p.prompt != c.prompt or p.answer != c.answer
 
 
 def store_migration_set(run: LineageRun, gen: Generation) -> Selected:
@@ -496,6 +500,18 @@ def store_migration_set(run: LineageRun, gen: Generation) -> Selected:
             s.add_all(DatasetItem(dataset_digest=dataset_digest, position=i, trajectory_id=t)
                       for i, t in enumerate(chosen))
     return Selected(digest=dataset_digest, size=len(chosen), corrupted=False, frontier=len(chosen), replay=0)
+
+
+def keep_adapter(run: LineageRun, gen: Generation, champ: Champion, harness: Harness, adapter_hash: str) -> Trained:
+    """A candidate whose replies look as under the champion's harness (a plan, a decoding knob): the champion's
+    adapter as it is, with an MLflow run of its own that the candidate pair is registered from."""
+    unchanged = Dataset(examples=())
+    nothing = Selected(digest=digest({"unchanged_adapter": adapter_hash}), size=0, corrupted=False, frontier=0,
+                       replay=0)
+    run_id = log_training(run, gen, champ, nothing, unchanged, [], 0.0, harness=harness)
+    return Trained(adapter_dir=champ.adapter_dir, adapter_hash=adapter_hash, steps=0, first_loss=0.0,
+                   final_loss=0.0, examples=0, seconds=0.0, mlflow_run_id=run_id,
+                   examples_digest=examples_digest(unchanged), warm_start=champ.adapter_dir)
 
 
 def migrate_to(run: LineageRun, gen: Generation, champ: Champion, harness: Harness, migration: Selected) -> Trained:
@@ -537,7 +553,7 @@ def register(config: CycleConfig, number: int, champ: Champion, selected: Select
         for c in (searched.candidates if searched else ()):
             if c.trained is not None and c.judged.candidate_pair_id != judged.candidate_pair_id:
                 others[c.judged.candidate_pair_id] = register_pair(run, gen, champ, searched.dataset, c.trained,
-                                                                   c.judged, why=c.why)[0]
+                                                                   c.judged, why=c.why, adopted=False)[0]
         version, model_uri = register_pair(run, gen, champ, selected.digest, trained, judged,
                                            why=next((c.why for c in searched.candidates if c.judged == judged), "")
                                            if searched else "")
@@ -562,9 +578,10 @@ def register(config: CycleConfig, number: int, champ: Champion, selected: Select
 
 
 def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_digest: str, trained: Trained,
-                  judged: Judged, why: str = "") -> tuple[str, str]:
+                  judged: Judged, why: str = "", adopted: bool = True) -> tuple[str, str]:
     """One candidate pair as an MLflow model version (adapter + harness, base referenced) with the lineage's
-    tags and its evidence; returns (version, model URI). ``why``: a candidate harness's reason to exist."""
+    tags and its evidence; returns (version, model URI). ``why``: a candidate harness's reason to exist;
+    ``adopted`` False: a searched candidate not taken (rejected, or passed the gate while another won)."""
     from rsi.mlmodel import log_base, log_candidate
 
     run_id, client = trained.mlflow_run_id, run.registry.client
@@ -576,7 +593,7 @@ def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_dig
     base_uri = log_base(run.registry, run.base_dir, run.base_hash)  # once per base, then referenced
     model_uri = log_candidate(run.registry, run_id, base_uri, trained.adapter_dir, harness.folder,
                               pair_id=judged.candidate_pair_id, base_hash=run.base_hash)
-    promote = judged.decision.promote
+    promote = judged.decision.promote and adopted
     tags = {"generation": gen.number, "parent_version": champ.version, "pair_id": judged.candidate_pair_id,
             "harness_id": harness.id, "harness_hash": harness.hash, "parent_harness_hash": champ.harness_hash,
             "contract_version": harness.contract_version, "base_model_hash": run.base_hash,
@@ -585,6 +602,8 @@ def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_dig
             "gate_reasons": "; ".join(judged.decision.reasons)[:4000]}
     if why:
         tags["harness_candidate"] = why
+    if judged.decision.promote and not adopted:
+        tags["gate_note"] = "passed the gate; another candidate of the search scored higher and was adopted"
     tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
     return run.registry.create_version(run_id, model_uri, tags), model_uri
 
@@ -821,10 +840,15 @@ def rejections_in_a_row(run: LineageRun) -> int:
 
 
 def mastered_up_to(run: LineageRun) -> int:
-    rows = [r for r in lineage_rows(run) if r["gate"] == "promoted"]
-    if not rows:
+    """Every level up to this one is mastered by the champion: its held-out scores as stored, whether its gate
+    or a later discovery measured them (a harness that poses longer tasks is measured there)."""
+    promoted = [g for g in run.finished_generations() if g.status == "promoted"]
+    if not promoted:
         return max(run.recipe.train_levels)
-    return frontier(rows[-1]["accuracy"], run.config.curriculum.mastery)
+    pair_id = promoted[-1].candidate_pair_id
+    levels = list(range(1, run.config.curriculum.max_level + 1))
+    stored = run.stored_scores([pair_id], levels, "heldout").get(pair_id, {})
+    return frontier({lvl: sc.accuracy for lvl, sc in stored.items()}, run.config.curriculum.mastery)
 
 
 def flow_parameters(config: CycleConfig) -> dict[str, Any]:

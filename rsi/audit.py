@@ -30,11 +30,11 @@ from rsi.errors import UserError
 from rsi.hcp import Answer, Harness, HCPDocument
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed, get_parser
-from rsi.tasks import TaskFamily, get_family
+from rsi.tasks import DERIVED_SEED, TaskFamily, get_family
 from rsi.tokens import TokenCounter, token_counter
 
 
-def _parse(text: str, answer: Answer) -> Parsed:
+def parse_reply(text: str, answer: Answer) -> Parsed:
     """Parse the reply; a parser that raises yields a failed parse with the reason, not an exception."""
     try:
         return get_parser(answer.parser)(text, **answer.params)
@@ -49,7 +49,7 @@ class Case:
                  recorded: Harness | None = None):
         self.trajectory, self.task, self.harness, self.family, self.pair = trajectory, task, harness, family, pair
         self.recorded = recorded or harness  # the harness the trajectory was produced under (a re-audit differs)
-        self.parsed: Parsed = _parse(trajectory.completion, harness.document.answer)
+        self.parsed: Parsed = parse_reply(trajectory.completion, harness.document.answer)
 
     @property
     def doc(self) -> HCPDocument:
@@ -106,11 +106,13 @@ def _task_problems(task: Task, family: TaskFamily) -> list[str]:
     if task.family_version != family.version:
         return [f"task is from version {task.family_version} of {family.name!r}, which is now version {family.version}"]
     try:
-        regenerated = family.task(task.split, task.seed, task.level, task.index)
+        regenerated = (family.derive(task.payload) if task.seed == DERIVED_SEED else
+                       family.task(task.split, task.seed, task.level, task.index))
     except UserError as exc:
         return [f"the family cannot regenerate this task: {exc}"]
     if regenerated != task:
-        return ["task differs from the one its family generates at its (split, seed, level, index)"]
+        return ["task differs from the one its family generates at its (split, seed, level, index)"
+                if task.seed != DERIVED_SEED else "derived task differs from the one its family derives from its payload"]
     return []
 
 

@@ -97,7 +97,13 @@ class CycleConfig(BaseModel):
 PROFILES: dict[str, dict[str, Any]] = {
     # base seed 2: the base's climb depends on its seed (seed 0's lineage stalled at level 6 in the issue 8
     # session); `rsi base build` prints this base's per-level accuracy (level 4 greedy 0.84 when measured).
-    "demo": {"base_recipe": {"seed": 2}},
+    # The climb under addition/v2 alone reaches level 9-10 in ~12 generations; every 3 generations the cycle
+    # also tries the v2 harness with the family's digit_chunks plan (long additions as additions of 3-5 digit
+    # parts plus carries), judged by the gate against the champion pair. Levels capped at 16: a plan can pose
+    # any length, and the accelerated curriculum would otherwise measure every level up to 100.
+    "demo": {"base_recipe": {"seed": 2}, "target_level": 13,
+             "curriculum": {"rule": "accelerated", "max_level": 16},
+             "harness_search": {"every": 3, "space": {"chunk": [3, 4, 5]}}},
     # a whole cycle in a minute or two of CPU: for tests and smoke runs, not for measuring improvement
     "tiny": {
         # partly able at levels 1-2 (greedy ~0.2-0.3), so a tiny generation has verified samples to learn from
@@ -249,7 +255,9 @@ class HarnessCandidate(BaseModel):
     harness_id: str
     harness_hash: str
     why: str
-    trained: Trained | None = Field(description="the migration; None when the format is the champion's")
+    trained: Trained | None = Field(description=(
+        "the migration, or the champion's adapter unchanged (0 steps) when replies look as under the champion's "
+        "harness; None in results stored before rsi paired such candidates"))
     judged: Judged
 
 
@@ -571,7 +579,7 @@ class LineageRun:
         """Greedy scores of a pair under its harness on ``split``; levels measured before are read from the
         state DB (a score is the pair's, and the pair's id covers its harness)."""
         pair_id = pair.pair_id if isinstance(pair, Champion) else pair.id
-        found = self._stored_scores([pair_id], levels, split).get(pair_id, {})
+        found = self.stored_scores([pair_id], levels, split).get(pair_id, {})
         missing = [lvl for lvl in levels if lvl not in found]
         if missing:
             new = self.runner.evaluate(self.harness_of(pair), pair_id, missing, self.config.eval_n,
@@ -586,7 +594,7 @@ class LineageRun:
                     found[sc.level] = sc
         return {lvl: found[lvl] for lvl in levels}
 
-    def _stored_scores(self, pair_ids: list[str], levels: list[int], split: str) -> dict[str, dict[int, LevelScore]]:
+    def stored_scores(self, pair_ids: list[str], levels: list[int], split: str) -> dict[str, dict[int, LevelScore]]:
         """Stored greedy scores (requested n = eval_n, this lineage's seed) by pair and level."""
         out: dict[str, dict[int, LevelScore]] = {}
         with self.store.session() as s:
@@ -605,7 +613,7 @@ class LineageRun:
         """Per level, the lineage's best held-out record among its champions (the base and every promoted
         candidate), on the same tasks, so a candidate can be compared with it task by task."""
         champions = self.champion_pairs()
-        stored = self._stored_scores(champions, levels, "heldout")
+        stored = self.stored_scores(champions, levels, "heldout")
         best: dict[int, LevelScore] = {}
         for pair_id in champions:  # earliest wins ties: the record was set first
             for level, sc in stored.get(pair_id, {}).items():

@@ -17,6 +17,7 @@ from rsi.errors import UserError
 from rsi.execute import rollout, sampling_params
 from rsi.hcp import Harness
 from rsi.models import Split, Task
+from rsi.plans import poses, run_plans
 from rsi.splits import stream_seed
 from rsi.tasks import TaskFamily
 
@@ -55,24 +56,14 @@ def score(level: int, outcomes: list[bool], decoding: str = "greedy", exhaustive
 
 
 def expressible(harness: Harness, family: TaskFamily, level: int) -> bool:
-    """Whether the harness's format can pose tasks of ``level`` (a fixed-width format has a ceiling)."""
-    try:
-        harness.prompt(family.task("train", 0, level, 0).payload)
-    except UserError:
-        return False
-    return True
+    """Whether the harness can pose tasks of ``level`` (a fixed-width format has a ceiling; a plan poses a
+    long task as calls within it)."""
+    return poses(harness, family, family.task("train", 0, level, 0))
 
 
-def posable(harness: Harness, tasks: Sequence[Task]) -> list[Task]:
-    """The tasks the harness can render, in order (a fixed-width format cannot pose the longer ones)."""
-    out = []
-    for task in tasks:
-        try:
-            harness.prompt(task.payload)
-        except UserError:
-            continue
-        out.append(task)
-    return out
+def posable(harness: Harness, family: TaskFamily, tasks: Sequence[Task]) -> list[Task]:
+    """The tasks the harness can pose, in order (a fixed-width format cannot pose the longer ones)."""
+    return [task for task in tasks if poses(harness, family, task)]
 
 
 def evaluate(
@@ -109,12 +100,28 @@ def solved(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend:
     """Per task id: whether at least one of its samples passes the audit; a task the harness cannot pose is
     not solved. Tasks are independent, so a runner may solve them in shards and merge the answers."""
     out = {t.id: False for t in tasks}
-    tasks = posable(harness, tasks)
+    tasks = posable(harness, family, tasks)
+    if harness.document.plan is not None:
+        return out | solved_by_plan(tasks, harness, family, backend, pair_id, params, adapter)
     trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
     by_task = {t.id: t for t in tasks}
     for traj in trajectories:
         ok = audit(traj, by_task[traj.task_id], harness, family).passed
         out[traj.task_id] = out.get(traj.task_id, False) or ok
+    return out
+
+
+def solved_by_plan(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend,
+                   pair_id: str, params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+    """Per task id: whether a run of the harness's plan composed an answer the family accepts, every call of
+    that run passing its own audit (so a right answer reached through a malformed call does not count)."""
+    done = run_plans(tasks, harness, family, backend, pair_id, params, adapter)
+    passed = {t.id: audit(t, done.tasks[t.task_id], harness, family).passed for t in done.trajectories}
+    by_id = {t.id: t for t in tasks}
+    out = {t.id: False for t in tasks}
+    for path in done.paths:
+        ok = family.verify(by_id[path.task_id], path.answer) and all(passed[c] for c in path.calls)
+        out[path.task_id] = out[path.task_id] or ok
     return out
 
 

@@ -12,7 +12,9 @@ parent (``attempt = r``), the candidate is promoted if and only if
    included — has an upper ``1 - alpha_r`` confidence bound on ``p_parent - p_candidate`` below
    ``margin``;
 3. **no drift vs the lineage**: every mastered level has the same bound, against the lineage's best
-   record at that level, below ``margin`` — so small losses cannot compound over generations;
+   record at that level, below ``margin`` — so small losses cannot compound over generations. A level where
+   the candidate answers every task as the parent does (a candidate harness that keeps the parent's adapter
+   and poses that level the same way) changes nothing there: it adds no drift and is not checked again;
 4. every targeted and mastered level was evaluated for both parent and candidate.
 
 A level whose held-out split holds fewer tasks than ``eval_n`` (level 1 of addition has 9) is evaluated on
@@ -182,7 +184,8 @@ def decide(
            for lvl in tested}
     adjusted = dict(zip(tested, holm([raw[lvl] for lvl in tested]), strict=True))
     checks = [_check(lvl, _roles(lvl, targets, mastered), counts[lvl], raw.get(lvl), adjusted.get(lvl),
-                     paired_counts(best[lvl], candidate[lvl]) if lvl in mastered and lvl in best else None,
+                     paired_counts(best[lvl], candidate[lvl]) if lvl in mastered and lvl in best
+                     and candidate[lvl].outcomes != parent[lvl].outcomes else None,
                      candidate[lvl].n, alpha, spec.margin, lvl in exact)
               for lvl in evaluated]
     gains = [ch for ch in checks if ch.improved]

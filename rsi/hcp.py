@@ -53,12 +53,13 @@ LEGACY_CONTRACTS = {
          "and one reply can pass; new harness versions use contract version 2",
 }
 # (section, field) added after documents were first hashed: hashed only when set (see Harness.hash)
-LATER_FIELDS = (("answer", "template"),)
+LATER_FIELDS = (("answer", "template"), ("plan",))
 TEMPLATE_NAMES = ("task", "vars", "tools")
 ANSWER_NAMES = (*TEMPLATE_NAMES, "answer")  # an answer template also sees the answer it writes
 TEMPLATE_FIELDS = ("template", "system_template")
 # Validation renders every template on SAMPLE_TASKS train tasks of each of the family's lowest SAMPLE_LEVELS.
 SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
+PLAN_LEVELS = 25  # a plan is dry-run (right answers fed to its calls) on sample tasks of every level up to this
 
 
 def required_rules(contract_version: str) -> tuple[str, ...]:
@@ -138,6 +139,14 @@ class Answer(Section):
         return spec.params.model_validate(params).model_dump(mode="json")
 
 
+class Plan(Section):
+    name: str = Field(description=(
+        "a decomposition the task family declares (its ``plans``): how a task is posed as model calls this "
+        "harness can pose, e.g. a long addition as additions of digit chunks; the parts are tasks of the "
+        "family, audited like any other, and the task's answer is composed from their answers"))
+    params: dict[str, JsonValue] = Field(default_factory=dict, description="the plan's own settings")
+
+
 class Tool(Section):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     description: str = ""
@@ -215,6 +224,7 @@ class HCPDocument(Section):
     answer: Answer
     tools: tuple[Tool, ...] = ()
     contract: Contract
+    plan: Plan | None = Field(None, description="pose each task through the family's plan (None: in one call)")
 
     @model_validator(mode="after")
     def _consistent(self) -> HCPDocument:
@@ -278,9 +288,12 @@ class Harness:
         before it existed keep their hash: a used harness stays the same harness."""
         files = digest_bytes([(name, src.encode()) for name, src in self.sources.items()])
         document = self.document.model_dump(mode="json")
-        for section, field in LATER_FIELDS:
-            if document[section].get(field) is None:
-                document[section].pop(field, None)
+        for *path, field in LATER_FIELDS:
+            node = document
+            for key in path:
+                node = node[key]
+            if node.get(field) is None:
+                node.pop(field, None)
         return digest({"document": document, "templates": files})
 
     @property
@@ -576,4 +589,30 @@ def load_harness(path: str | Path) -> Harness:
     warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
     harness = Harness(file, doc, sources, warnings)
     _check_renders(file, harness)
+    if doc.plan is not None:
+        _check_plan(file, harness)
     return harness
+
+
+def _check_plan(path: Path, harness: Harness) -> None:
+    """The plan is one the family declares, and on sample tasks of every level up to ``PLAN_LEVELS``, fed the
+    right answer to each call, it poses only calls this harness can render and composes the task's answer."""
+    from rsi.plans import calls_with_gold
+
+    plan, family = harness.document.plan, get_family(harness.document.family)
+    if plan.name not in family.plans:
+        known = ", ".join(sorted(family.plans)) or "none"
+        raise UserError(f"{path}: field 'plan.name': family {family.name!r} declares no plan {plan.name!r} "
+                        f"(its plans: {known})")
+    for level in range(family.min_level, min(PLAN_LEVELS, family.max_level) + 1):
+        for task in family.tasks("train", SAMPLE_SEED, level, SAMPLE_TASKS):
+            try:
+                calls, answer = calls_with_gold(harness, family, task)
+                for call in calls:
+                    harness.prompt(call.payload)
+            except UserError as exc:
+                raise UserError(f"{path}: field 'plan': cannot pose {family.name} task {task.id} (level {level}, "
+                                f"payload {json.dumps(task.payload)}): {exc}") from None
+            if not family.verify(task, answer):
+                raise UserError(f"{path}: field 'plan': plan {plan.name!r} composes {answer!r} for {family.name} "
+                                f"task {task.id} (level {level}) from right answers to its calls, not {task.answer!r}")

@@ -20,8 +20,8 @@ from rsi.select import Example
 
 def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harness, kind: str = "replay") -> Example:
     """The example ``trajectory`` (recorded under ``source``) teaches, written under ``target``: the same task
-    and answer in ``target``'s prompt and answer format. Unchanged when the harness is the same."""
-    if source.hash == target.hash:
+    and answer in ``target``'s prompt and answer format. Unchanged when replies look the same under both."""
+    if not changes_format(source, target):
         return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt_text(trajectory),
                        completion=trajectory.completion, source=kind)
     if source.document.family != target.document.family:
@@ -34,6 +34,13 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
                         "only passed trajectories can be migrated")
     return Example(trajectory_id=trajectory.id, level=task.level, prompt=target.prompt(task.payload),
                    completion=target.render_answer(task.payload, parsed.value), source=kind)
+
+
+def changes_format(source: Harness, target: Harness) -> bool:
+    """Whether replies look different under ``target``: its prompt or its answer format differs (a plan or a
+    decoding knob does not change what one call looks like)."""
+    s, t = source.document, target.document
+    return source.sources != target.sources or s.prompt != t.prompt or s.answer != t.answer
 
 
 def migrate(pairs: Sequence[tuple[Trajectory, Task, Harness]], target: Harness, kind: str = "replay") -> list[Example]:

@@ -64,9 +64,11 @@ class PairModel(mlflow.pyfunc.PythonModel):
         from rsi.execute import sampling_params
         from rsi.parsers import get_parser
 
-        prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in _items(model_input)]
-        outputs = self.backend.generate(prompts, sampling_params(self.harness, seed=0, greedy=True),
-                                        adapter=self.adapter)
+        items, greedy = _items(model_input), sampling_params(self.harness, seed=0, greedy=True)
+        if self.harness.document.plan is not None and not any(isinstance(item, str) for item in items):
+            return self._predict_planned(items, greedy)
+        prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in items]
+        outputs = self.backend.generate(prompts, greedy, adapter=self.adapter)
         answer = self.harness.document.answer
         parse = get_parser(answer.parser)
         predictions = []
@@ -76,6 +78,29 @@ class PairModel(mlflow.pyfunc.PythonModel):
                                 "answer": parsed.value if parsed.ok else None,
                                 "finish_reason": completion.finish_reason})
         return predictions
+
+
+    def _predict_planned(self, payloads: list[dict[str, Any]], greedy) -> list[dict[str, Any]]:
+        """Payloads under a harness with a plan: each posed through its calls; the answer is the composed one
+        (None where a call gave none), the completion the calls' replies in order."""
+        from rsi.plans import run_plans
+        from rsi.tasks import get_family
+
+        from rsi.errors import UserError
+
+        family = get_family(self.harness.document.family)
+        tasks = []
+        for i, payload in enumerate(payloads):
+            try:
+                tasks.append(family.derive(payload))  # the plan never reads a task's answer
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
+                                f"{exc}); pass payloads like the family's tasks, or prompt strings") from None
+        done = run_plans(tasks, self.harness, family, self.backend, "pyfunc", greedy, self.adapter)
+        replies = {t.id: t.completion for t in done.trajectories}
+        return [{"prompt": None, "completion": " ".join(replies[c] for c in path.calls), "answer": path.answer,
+                 "calls": len(path.calls), "finish_reason": "stop" if path.answer is not None else "error"}
+                for path in done.paths]
 
 
 def _items(model_input: Any) -> list[str | dict[str, Any]]:

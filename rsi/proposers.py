@@ -96,8 +96,18 @@ PAD_ANSWER = "{{ answer | digits_lsb(vars.width + 1) }}"
 @proposer("addition")
 def addition_formats(harness: Harness, space: Space) -> list[Proposal]:
     """Fixed-width reverse addition at each ``width`` of the space (``format`` "pad": operands and sum least
-    significant digit first, zero-padded), with token limits sized to the width."""
+    significant digit first, zero-padded), with token limits sized to the width; and the harness as it is
+    with the family's ``digit_chunks`` plan at each ``chunk`` of the space (a long addition posed as additions
+    of ``chunk``-digit parts plus carries, each in the harness's own format: no migration needed). A plan's
+    calls stay within the short levels the pair already adds well, so its candidates sample one reply per
+    task (``decoding.samples = 1``): a task of level 16 at chunk 3 makes 11 calls, and 8 samples of each cost
+    what they would not teach."""
     out = []
+    for chunk in space.get("chunk", []):
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise UserError(f"harness_search.space.chunk: {chunk!r} is not a positive number of digits")
+        out.append(variant(harness, f"chunks{chunk}", f"long additions as {chunk}-digit parts plus carries",
+                           {"plan": {"name": "digit_chunks", "params": {"chunk": chunk}}, "decoding.samples": 1}))
     for fmt in space.get("format", ["pad"]):
         if fmt != "pad":
             raise UserError(f"harness_search.space.format: unknown addition format {fmt!r}; known: pad")

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from rsi.audit import audit
 from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, evaluation_tasks, level_scores, posable, solved
-from rsi.execute import rollout
+from rsi.hashing import digest
+from rsi.plans import pose
 
 if TYPE_CHECKING:
     from rsi.backends.base import GenerationBackend, SamplingParams
@@ -47,7 +48,8 @@ class Runner(Protocol):
     """The work a stage fans out under a given harness, with the lineage run's family and base model."""
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
-                adapter: str | None = None) -> list[Trajectory]: ...
+                adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
+        """Trajectories, and the tasks a plan's calls posed (``rsi.plans.pose``)."""
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]: ...
@@ -72,8 +74,8 @@ class LocalRunner:
         self.run = run
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
-                adapter: str | None = None) -> list[Trajectory]:
-        return rollout(tasks, harness, self.run.backend, pair_id, params, adapter=adapter)
+                adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
+        return pose(tasks, harness, self.run.family, self.run.backend, pair_id, params, adapter=adapter)
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]:
@@ -113,17 +115,20 @@ class RayRunner:
         self._started = False  # whether this runner called ray.init (and so must call ray.shutdown)
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
-                adapter: str | None = None) -> list[Trajectory]:
+                adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
         parts = self._split_by_prompt(harness, tasks)
         results = self._map(harness, _rollout_shard, [([tasks[i] for i in part], pair_id, params, adapter) for part in parts])
+        if harness.document.plan is not None:  # calls per task vary: shards in order, each call once
+            seen = {t.id: t for trajectories, _ in results for t in trajectories}
+            return list(seen.values()), list({t.id: t for _, posed in results for t in posed}.values())
         per_task: list[list[Trajectory]] = [[] for _ in tasks]
-        for part, trajectories in zip(parts, results, strict=True):
+        for part, (trajectories, _) in zip(parts, results, strict=True):
             if len(trajectories) != len(part) * params.n:
                 raise RuntimeFailure(f"a rollout shard returned {len(trajectories)} trajectories for {len(part)} "
                                      f"tasks x {params.n} samples")
             for j, i in enumerate(part):
                 per_task[i] = trajectories[j * params.n:(j + 1) * params.n]
-        return [t for group in per_task for t in group]
+        return [t for group in per_task for t in group], []
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]:
@@ -138,7 +143,7 @@ class RayRunner:
         every, params = evaluation_tasks(harness, self.run.family, levels, n, lineage_seed=lineage_seed,
                                          k=1, split=split)
         outcomes = {t.id: False for t in every}  # a task the harness cannot pose is not solved
-        tasks = posable(harness, every)
+        tasks = posable(harness, self.run.family, every)
         parts = self._split_by_prompt(harness, tasks) if tasks else []
         for part in self._map(harness, _solve_shard, [([tasks[i] for i in p], pair_id, params, adapter) for p in parts]):
             outcomes |= part
@@ -157,7 +162,8 @@ class RayRunner:
         evenly), each shard's indices ascending, so equal prompts keep their order within one shard."""
         groups: dict[str, list[int]] = {}
         for i, task in enumerate(tasks):
-            groups.setdefault(harness.prompt(task.payload), []).append(i)
+            key = digest(task.payload) if harness.document.plan is not None else harness.prompt(task.payload)
+            groups.setdefault(key, []).append(i)
         count = self._count(len(groups))
         parts: list[list[int]] = [[] for _ in range(count)]
         for g, indices in enumerate(groups.values()):
@@ -242,9 +248,9 @@ def _backend(model_dir: str) -> GenerationBackend:
 
 
 def _rollout_shard(spec: WorkerSpec, tasks: list[Task], pair_id: str, params: SamplingParams,
-                   adapter: str | None) -> list[Trajectory]:
-    harness, _ = _harness(spec)
-    return rollout(tasks, harness, _backend(spec.model_dir), pair_id, params, adapter=adapter)
+                   adapter: str | None) -> tuple[list[Trajectory], list[Task]]:
+    harness, family = _harness(spec)
+    return pose(tasks, harness, family, _backend(spec.model_dir), pair_id, params, adapter=adapter)
 
 
 def _audit_shard(spec: WorkerSpec, trajectories: list[Trajectory], tasks: dict[str, Task],

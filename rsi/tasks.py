@@ -11,8 +11,8 @@ one split rejects draws of the others, so no two splits can share a task, whatev
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -25,6 +25,12 @@ GROUP = "rsi.task_generators"
 # Shares of the task space; heldout decides (curriculum, gate), test only reports.
 SPLIT_SHARES: dict[Split, float] = {"train": 0.8, "heldout": 0.1, "test": 0.1}
 MAX_DRAWS = 10_000  # rejection draws for one task before a split is declared empty at a level
+DERIVED_SEED = -1  # the seed of a derived task: one a plan poses as part of another (``TaskFamily.derive``)
+
+# A plan (``TaskFamily.plans``): a program that poses one task as calls the harness can pose. It yields lists of
+# sub-tasks (one round of calls, run in one batch), receives the parsed answers (None where a call gave none)
+# and returns the task's answer composed from them (None when it cannot). It never sees the task's answer.
+Plan = Callable[["Task", dict[str, Any], "TaskFamily"], Generator[list["Task"], list[Any], Any]]
 
 
 def split_of_key(family: str, key: Any) -> Split:
@@ -53,6 +59,9 @@ class TaskFamily:
     min_level: int = 1
     max_level: int = 10_000
     split_key: Callable[[dict[str, Any]], Any] | None = None
+    solve: Callable[[dict[str, Any]], Any] | None = None  # the answer of any payload (derived tasks' gold)
+    level_of: Callable[[dict[str, Any]], int] | None = None  # the level of any payload
+    plans: dict[str, Plan] = field(default_factory=dict)  # decompositions a harness may name ([plan] name)
 
     def split_of(self, payload: dict[str, Any]) -> Split:
         return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)
@@ -70,6 +79,17 @@ class TaskFamily:
                 return Task(family=self.name, family_version=self.version, split=split, level=level, seed=seed,
                             index=index, payload=payload, answer=answer)
         raise UserError(f"family {self.name!r} has no {split} task at level {level} ({MAX_DRAWS} draws)")
+
+    def derive(self, payload: dict[str, Any]) -> Task:
+        """The task of ``payload`` as a plan poses it (a part of another task): in the split its payload hashes
+        to, at the level of its payload, seed ``DERIVED_SEED``, so its id is its content's and the auditor can
+        check it as it checks a drawn one."""
+        if self.solve is None or self.level_of is None:
+            raise UserError(f"family {self.name!r} cannot derive tasks (it declares no solve/level_of), so no plan "
+                            "can pose parts of its tasks")
+        return Task(family=self.name, family_version=self.version, split=self.split_of(payload),
+                    level=self.level_of(payload), seed=DERIVED_SEED, index=0, payload=payload,
+                    answer=self.solve(payload))
 
     def tasks(self, split: Split, seed: int, level: int, n: int) -> list[Task]:
         """Up to ``n`` distinct tasks of ``split`` (index order, repeats skipped). Fewer come back when the

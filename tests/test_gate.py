@@ -55,7 +55,22 @@ def test_genuine_improvement_is_promoted() -> None:
     assert roles == {1: ("mastered",), 2: ("mastered",), 3: ("mastered",), 4: ("other",), 5: ("target",)}
     stored = json.loads(json.dumps(decision.model_dump()))
     assert {"promote", "p_value", "reasons", "wins", "losses", "alpha", "attempt", "levels"} <= stored.keys()
-    assert stored["levels"][0]["bound_best"] is not None and stored["levels"][3]["bound_best"] is None
+    # levels 1-3 are answered exactly as the parent answers them: nothing changed there, no drift check
+    assert [lv["bound_best"] for lv in stored["levels"]] == [None] * 5
+
+
+def test_drift_is_checked_where_the_candidate_changes_something_only() -> None:
+    """The parent sits below the lineage's best at mastered level 3 (a drift it was promoted with). A candidate
+    that answers level 3 exactly as the parent (a harness candidate keeping the parent's adapter) adds no
+    drift and passes; one that changes a single answer there is checked against the best again."""
+    best3, parent3 = paired(3, both=244, ref_only=12, cand_only=0)  # best 1.00, parent .953
+    gain = paired(5, both=77, ref_only=0, cand_only=102)
+    parent = {3: parent3, 5: gain[0]}
+    same = gate(parent, {3: parent3, 5: gain[1]}, targets={5}, mastered=frozenset({3}), best={3: best3})
+    assert same.promote, same.reasons
+    changed3 = score(3, [i < 244 or i == 255 for i in range(N)])  # one task differs: one more right answer
+    changed = gate(parent, {3: changed3, 5: gain[1]}, targets={5}, mastered=frozenset({3}), best={3: best3})
+    assert not changed.promote and "drifted below the lineage's best" in " ".join(changed.reasons)
 
 
 def drift_lineage(lost_per_step: int, steps: int = 7) -> tuple[list, list[float], list[float]]:

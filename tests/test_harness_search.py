@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -53,8 +54,9 @@ def test_proposals_are_valid_distinct_and_never_the_harness_itself(tmp_path) -> 
 
 @pytest.mark.slow
 def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefect_api, tiny_base, rsi_home):
-    """Generation 1 as usual; generation 2 searches (every=2) two candidate widths: each is stored, migrated
-    from the champion on the lineage's verified answers, judged, and registered with its harness tags."""
+    """Generation 1 as usual (promoted); generation 2 searches (every=2) two candidate widths and a plan: each is
+    stored; a width is migrated from the champion on the lineage's verified answers, the plan (same format)
+    keeps the champion's adapter as it is; each is judged and registered with its harness tags."""
     from mlflow import MlflowClient
     from sqlalchemy import select
 
@@ -64,11 +66,15 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
 
     from .test_cycle import run_tiny, seed_home
 
+    from .test_cycle import PROMOTING
+
     seed_home(rsi_home, tiny_base)
-    search = {"every": 2, "space": {"width": [11, 12]}, "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
-    summaries, _ = run_tiny(2, harness_search=search)
+    search = {"every": 2, "space": {"width": [11, 12], "chunk": [1]},
+              "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
+    summaries, _ = run_tiny(2, harness_search=search, **PROMOTING)
+    assert summaries[0]["gate"] == "promoted"
     searched = summaries[1]
-    assert [c["harness"].split(".pad")[1][:2] for c in searched["harness_candidates"]] == ["11", "12"]
+    assert [c["harness"].split(".")[1].split("-")[0] for c in searched["harness_candidates"]] == ["chunks1", "pad11", "pad12"]
     with open_store().session() as s:
         stored = set(s.scalars(select(HarnessRow.id)))
         pairs = {r.harness_id for r in s.scalars(select(PairRow))}
@@ -78,13 +84,17 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     candidates = [v for v in versions if "harness_candidate" in v.tags]
     tried = sorted(c["harness"] for c in searched["harness_candidates"])
     assert sorted(v.tags["harness_id"] for v in candidates) == tried
+    champion = client.get_model_version("rsi-addition", summaries[0]["version"])
     for v in candidates:
         assert v.tags["harness_hash"] != v.tags["parent_harness_hash"] and v.tags["gate_reasons"]
         run = client.get_run(v.run_id)
-        assert run.data.tags["candidate_harness"] == v.tags["harness_id"] and "train_loss" in run.data.metrics
+        planned = ".chunks1-" in v.tags["harness_id"]  # the plan keeps the champion's adapter: nothing trained
+        assert run.data.tags["candidate_harness"] == v.tags["harness_id"]
+        assert ("train_loss" in run.data.metrics) is not planned
+        assert (v.tags["adapter_hash"] == champion.tags["adapter_hash"]) is planned
     shown = subprocess.run([sys.executable, "-m", "rsi", "lineage", "show", "addition"], capture_output=True,
                            text=True, timeout=300)
-    assert shown.returncode == 0 and shown.stdout.count("(new) │") == len(candidates), shown.stdout
+    assert shown.returncode == 0 and len(re.findall(r"\(new\) *│", shown.stdout)) == len(candidates), shown.stdout
     attributed = subprocess.run([sys.executable, "-m", "rsi", "harness", "attribute", "addition", "--generation", "1"],
                                 capture_output=True, text=True, timeout=300)
     assert attributed.returncode == 0 and "generation 1" in attributed.stdout, attributed.stderr
