@@ -35,7 +35,7 @@ def test_mean_over_seeds_uses_a_t_interval_and_one_seed_its_wilson_interval():
 def test_every_arm_runs_and_is_scored_on_every_level(tmp_path: Path):
     out = tmp_path / "improvement.json"
     subprocess.run([sys.executable, "bench/improvement.py", "--profile", "tiny", "--generations", "1", "--seeds", "1",
-                    "--out", str(out)], cwd=REPO, check=True, timeout=300)
+                    "--out", str(out)], cwd=REPO, check=True, timeout=1200)
     result = json.loads(out.read_text())
     assert result["arms"] == ["base", "lineage", "control", "label_free", "upper_bound"]
     seed = result["per_seed"][0]
