@@ -349,6 +349,7 @@ class LineageRun:
         self.store = store or open_store(settings.db_url)
         self.harness: Harness = load_harness(config.harness)  # the harness the lineage starts under
         self._harnesses: dict[str, Harness] = {self.harness.hash: self.harness}
+        self._max_levels: dict[str, int] = {}  # harness hash -> max_level
         self.family: TaskFamily = get_family(config.family)
         if self.harness.document.family != self.family.name:
             raise UserError(f"harness {self.harness.id} is for family {self.harness.document.family!r}, "
@@ -462,11 +463,14 @@ class LineageRun:
         return self._harnesses[ref]
 
     def max_level(self, harness: Harness) -> int:
-        """The highest level both the curriculum allows and the harness can render (its format has a width)."""
-        level = 0
-        while level < self.config.curriculum.max_level and expressible(harness, self.family, level + 1):
-            level += 1
-        return level
+        """The highest level both the curriculum allows and the harness can render (its format has a width).
+        Computed once per harness: a plan's dry run renders every call of a task at each level up to the cap."""
+        if harness.hash not in self._max_levels:
+            level = 0
+            while level < self.config.curriculum.max_level and expressible(harness, self.family, level + 1):
+                level += 1
+            self._max_levels[harness.hash] = level
+        return self._max_levels[harness.hash]
 
     def curriculum(self, harness: Harness) -> CurriculumSpec:
         return self.config.curriculum.model_copy(update={"max_level": self.max_level(harness)})
