@@ -55,7 +55,7 @@ from sqlalchemy import select as sql_select  # noqa: E402
 from rsi.attribution import attribute  # noqa: E402
 from rsi.attribution import summary as attribution_summary  # noqa: E402
 from rsi.attribution import table as attribution_table  # noqa: E402
-from rsi.audit import prompt_text  # noqa: E402
+from rsi.episodes import training_parts  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
 from rsi.cycle import (  # noqa: E402
     Audited, Champion, CycleConfig, Discovered, Executed, HarnessCandidate, HarnessSearchSpec, Judged, LineageRun,
@@ -237,8 +237,8 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
                 VerdictRow.trajectory_id.in_(executed.ids), VerdictRow.passed,
                 VerdictRow.harness_hash == champ.harness_hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
-                                prompt=prompt_text(t), completion=t.completion, passed=t.id in passed)
-                      for t in trajectories]
+                                prompt=prompt, completion=completion, turns=turns, passed=t.id in passed)
+                      for t in trajectories for prompt, completion, turns in [training_parts(t)]]
         dataset = select(candidates, replay_examples(run, gen, run.harness_of(champ)), run.config.selection,
                          frontier_levels=set(found.frontier_levels), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data
@@ -293,10 +293,10 @@ def replay_examples(run: LineageRun, gen: Generation, harness: Harness) -> list[
 def corrupt(dataset: Dataset, seed: int) -> Dataset:
     """TEST SWITCH: shuffle the answers among the examples, so the data no longer matches its prompts."""
     rng = random.Random(seed)
-    answers = [e.completion for e in dataset.examples]
+    answers = [(e.completion, e.turns) for e in dataset.examples]
     rng.shuffle(answers)
-    return dataset.model_copy(update={"examples": tuple(e.model_copy(update={"completion": a})
-                                                        for e, a in zip(dataset.examples, answers))})
+    return dataset.model_copy(update={"examples": tuple(e.model_copy(update={"completion": a, "turns": turns})
+                                                        for e, (a, turns) in zip(dataset.examples, answers))})
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -776,9 +776,34 @@ def publish(run: LineageRun, summary: dict[str, Any]) -> None:
         f"- tasks {summary['tasks']}, trajectories {summary['trajectories']}, passed audit {summary['passed']}, "
         f"selected {summary['selected']}\n- gate: {'; '.join(summary['reasons'])}\n"
         f"- MLflow version {summary['version']}\n", key=f"{key}-summary")
+    episode = example_episode(run, run.generation_row(summary["generation"]).id)
+    if episode:
+        create_markdown_artifact(episode, key=f"{key}-episode",
+                                 description=f"generation {summary['generation']}: one passed episode, turn by turn")
     create_link_artifact(version_url(run, summary["version"]), key=f"{key}-version",
                          link_text=f"{run.registry.name} version {summary['version']} ({summary['gate']})",
                          description="the candidate's model version in the MLflow registry")
+
+
+def example_episode(run: LineageRun, generation_id: int) -> str:
+    """Markdown of the generation's longest passed trajectory (most completion tokens): its messages in order,
+    each tool call with its result and the state hash after it ('' when nothing passed)."""
+    with run.store.session() as s:
+        row = s.scalars(sql_select(TrajectoryRow).join(VerdictRow, VerdictRow.trajectory_id == TrajectoryRow.id)
+                        .where(TrajectoryRow.generation_id == generation_id, VerdictRow.passed)
+                        .order_by(TrajectoryRow.completion_tokens.desc(), TrajectoryRow.id).limit(1)).first()
+        if row is None:
+            return ""
+        trajectory = trajectory_from_row(row)
+    records = {r.call_id: r for r in trajectory.tool_log}
+    cell = lambda text: "`" + text.replace("|", "\\|").replace("`", "'").replace("\n", " ") + "`"  # noqa: E731
+    lines = [f"### {trajectory.id} (task {trajectory.task_id}, sample {trajectory.sample_index})", "",
+             "| # | role | content | tool call | state after |", "|---|---|---|---|---|"]
+    for i, m in enumerate(trajectory.messages):
+        call = "; ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+        state = records[m.tool_call_id].state_after if m.tool_call_id in records else ""
+        lines.append(f"| {i} | {m.role} | {cell(m.content)} | {call} | {state} |")
+    return "\n".join(lines) + "\n"
 
 
 def version_url(run: LineageRun, version: str) -> str:

@@ -30,6 +30,7 @@ from rsi.errors import UserError
 from rsi.hcp import Answer, Harness, HCPDocument
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed, get_parser
+from rsi.substrate import Session, replay, result_text
 from rsi.tasks import DERIVED_SEED, TaskFamily, get_family
 from rsi.tokens import TokenCounter, token_counter
 
@@ -58,6 +59,23 @@ class Case:
     @cached_property
     def counter(self) -> TokenCounter:
         return token_counter(self.doc.model.base, self.harness.path.parent)
+
+    @cached_property
+    def replayed(self) -> Session | None:
+        """The episode's calls run again from the task's initial state (None: the family has no environment).
+        Raises UserError when the harness exposes a tool the family does not declare (the rule fails)."""
+        env = self.family.environment
+        if env is None:
+            return None
+        calls = [(c.id, c.name, c.arguments) for m in self.trajectory.messages if m.role == "assistant"
+                 for c in m.tool_calls]
+        return replay(env, self.task.payload, {t.name: t.parameters for t in self.doc.tools}, calls)
+
+    def outcome(self) -> Any:
+        """What the family's verifier judges: the parsed answer, or for a tool family the episode's final
+        state (replayed, never the recorded one) with the parsed answer."""
+        session = self.replayed
+        return self.parsed.value if session is None else {"state": session.state, "answer": self.parsed.value}
 
 
 Rule = Callable[[Case], RuleResult]
@@ -287,6 +305,45 @@ def tools_allowed(case: Case) -> RuleResult:
     return _result("tools_allowed", problems)
 
 
+def results_replayed(case: Case) -> RuleResult:
+    """Every call of the episode is logged once, in order, with the result a replay on the family's environment
+    gives, and the tool message answering it shows that result as the harness renders it: no forged result."""
+    session, log, problems = case.replayed, case.trajectory.tool_log, []
+    calls = [c for m in case.trajectory.messages if m.role == "assistant" for c in m.tool_calls]
+    if session is None:
+        return _result("results_replayed", [f"{len(calls)} tool calls, but family {case.family.name!r} has no "
+                                            "environment to run them"] if calls or log else [])
+    if [(r.call_id, r.name, r.arguments) for r in log] != [(c.id, c.name, c.arguments) for c in calls]:
+        problems.append(f"the tool log ({len(log)} records) is not the episode's {len(calls)} calls in order")
+    for mine, theirs in zip(session.records, log):
+        if mine.result != theirs.result:
+            problems.append(f"call {theirs.call_id}: logged result {theirs.result!r}, replay gives {mine.result!r}")
+    shown = {m.tool_call_id: m.content for m in case.trajectory.messages if m.role == "tool"}
+    for record, call in zip(session.records, calls):
+        want = case.harness.render_tool(case.task.payload, {"name": call.name, "arguments": call.arguments},
+                                        result_text(record.result))
+        if call.id in shown and shown[call.id] != want:
+            problems.append(f"call {call.id}: the tool message shows {shown[call.id]!r}, replay gives {want!r}")
+    return _result("results_replayed", problems)
+
+
+def states_replayed(case: Case) -> RuleResult:
+    """The logged state hashes are the replay's: the episode starts from the task's initial state and only its
+    calls changed it (no state edited between or during calls)."""
+    session, log = case.replayed, case.trajectory.tool_log
+    if session is None:
+        return _result("states_replayed", ["a tool log, but the family has no environment"] if log else [])
+    problems = []
+    if log and log[0].state_before != session.initial_hash:
+        problems.append(f"call {log[0].call_id}: starts from state {log[0].state_before}, not the task's initial "
+                        f"state {session.initial_hash}")
+    for mine, theirs in zip(session.records, log):
+        if (mine.state_before, mine.state_after) != (theirs.state_before, theirs.state_after):
+            problems.append(f"call {theirs.call_id}: logged states {theirs.state_before} -> {theirs.state_after}, "
+                            f"replay gives {mine.state_before} -> {mine.state_after}")
+    return _result("states_replayed", problems)
+
+
 def answer_format(case: Case) -> RuleResult:
     """The completion parses under the harness's answer format."""
     return _result("answer_format", [] if case.parsed.ok else [case.parsed.error])
@@ -302,7 +359,7 @@ def answer_correct(case: Case) -> RuleResult:
     """The family's verifier accepts the parsed answer."""
     if not case.parsed.ok:
         return _result("answer_correct", ["no parsable answer"])
-    ok = case.family.verify(case.task, case.parsed.value)
+    ok = case.family.verify(case.task, case.outcome())
     return _result("answer_correct", [] if ok else [f"answer {case.parsed.value!r} is wrong"])
 
 
@@ -313,6 +370,8 @@ RULES: dict[str, Rule] = {
     "limits": limits,
     "stopped": stopped,
     "tools_allowed": tools_allowed,
+    "results_replayed": results_replayed,
+    "states_replayed": states_replayed,
     "answer_format": answer_format,
     "no_extra_content": no_extra_content,
     "answer_correct": answer_correct,

@@ -54,6 +54,10 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
+    family: str = pydantic.Field("addition", description=(
+        "the task family the base is pretrained on: 'addition' (its fixed-width text, the original recipe), or a "
+        "tool family, whose expert demonstrations of train-split tasks are played as episodes under ``harness``"))
+    harness: str | None = pydantic.Field(None, description="a tool family's harness (id or directory): the transcripts")
     width: int = 10
     train_levels: tuple[int, ...] = (1, 2, 3)
     level_weights: tuple[float, ...] = (1.0, 2.0, 4.0)  # sampling weights, hardest level most
@@ -86,13 +90,19 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
             raise ValueError("level_weights must be >= 0 with a positive sum")
         if self.d_model % self.n_heads or self.d_model // self.n_heads not in (32, 64):
             raise ValueError("d_model / n_heads (head_dim) must be 32 or 64 (vLLM CPU constraint)")
+        if (self.family == "addition") != (self.harness is None):
+            raise ValueError("a tool family's base is trained on its episodes under a harness: set harness for a "
+                             "family other than addition, and only then")
         if self.max_position_embeddings < seq_len(self.width):
             raise ValueError("max_position_embeddings shorter than one example")
         return self
 
     def digest(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the recipe plus FORMAT_VERSION."""
-        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if self.harness is None:  # fields added later: bases built before them keep their digest
+            del data["family"], data["harness"]
+        canon = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
 
 
@@ -206,6 +216,51 @@ def _pretraining_batches(r: BaseRecipe):
         yield np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
 
+def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]]]:
+    """Per train level, the (input ids, labels) of the family's expert episodes of every distinct train-split
+    task drawn (up to 4,096 a level): the transcript under the recipe's harness, the loss on the assistant turns
+    and their EOS only (``rsi.episodes.segments``)."""
+    from rsi.episodes import demonstration, segments
+    from rsi.hcp import load_harness
+    from rsi.tasks import get_family
+
+    harness, family, tok = load_harness(r.harness), get_family(r.family), build_tokenizer()
+    pools: dict[int, list[tuple[list[int], list[int]]]] = {}
+    for level in r.train_levels:
+        rows = []
+        for task in family.tasks("train", r.seed, level, 4096):
+            ids, labels = [BOS_ID], [-100]
+            for text, trained in segments(demonstration(harness, family, task).messages, EOS):
+                piece = tok(text, add_special_tokens=False)["input_ids"]
+                ids += piece
+                labels += piece if trained else [-100] * len(piece)
+            if len(ids) > r.max_position_embeddings:
+                raise ValueError(f"a level-{level} demonstration takes {len(ids)} tokens > max_position_embeddings")
+            rows.append((ids, labels))
+        pools[level] = rows
+    return pools
+
+
+def _episode_batches(r: BaseRecipe):
+    """A tool family's training stream: per step, (ids, labels) tensors of demonstrations, levels by weight,
+    right-padded (labels -100 on padding)."""
+    import numpy as np
+    import torch
+
+    pools = _demonstrations(r)
+    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
+    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
+    for _ in range(r.steps):
+        counts = rng.multinomial(r.batch_size, probs)
+        rows = [pools[lv][int(i)] for lv, c in zip(r.train_levels, counts) for i in rng.integers(0, len(pools[lv]), c)]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        for k, (x, y) in enumerate(rows):
+            ids[k, : len(x)], labels[k, : len(y)] = torch.tensor(x), torch.tensor(y)
+        yield ids, labels
+
+
 def pretraining_pairs(r: BaseRecipe):
     """Every (a, b) the base trains on, in order (replays the stream; no model is built)."""
     for a, b in _pretraining_batches(r):
@@ -289,13 +344,22 @@ def _train_base(
     p0 = 1 + 2 * w + 2  # index of first completion token
     t0 = time.perf_counter()
     loss_val = float("nan")
-    for step, (a, b) in enumerate(_pretraining_batches(r)):
-        ids = torch.from_numpy(_encode_batch(a, b))
+    tokens = 0
+    episodes = r.family != "addition"
+    for step, batch in enumerate(_episode_batches(r) if episodes else _pretraining_batches(r)):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, r)
-        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
-        logits = model.lm_head(hidden)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
+        if episodes:
+            ids, labels = batch
+            logits = model(input_ids=ids[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+        else:
+            ids = torch.from_numpy(_encode_batch(*batch))
+            hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
+            logits = model.lm_head(hidden)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
+        tokens += ids.shape[0] * (ids.shape[1] - 1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if r.grad_clip > 0:
@@ -307,15 +371,6 @@ def _train_base(
     train_s = time.perf_counter() - t0
     model.eval()
     tok = build_tokenizer()
-    t1 = time.perf_counter()
-    top = max(r.train_levels)
-    report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
-    greedy = _evaluate(model, r.width, report_levels, eval_n, seed=r.seed)
-    beyond = [lv for lv in (top + 1,) if lv <= r.width]
-    pass8 = _evaluate(model, r.width, beyond, eval_n, seed=r.seed, k=8, temperature=1.0)
-    acc = {lv: greedy[lv] for lv in r.train_levels}
-    eval_s = time.perf_counter() - t1
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -326,6 +381,17 @@ def _train_base(
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         _portable_tokenizer_config(tmp)
+        t1 = time.perf_counter()
+        top = max(r.train_levels)
+        if episodes:
+            greedy, pass8 = _evaluate_episodes(tmp, r, eval_n)
+        else:
+            report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
+            greedy = _evaluate(model, r.width, report_levels, eval_n, seed=r.seed)
+            beyond = [lv for lv in (top + 1,) if lv <= r.width]
+            pass8 = _evaluate(model, r.width, beyond, eval_n, seed=r.seed, k=8, temperature=1.0)
+        acc = {lv: greedy[lv] for lv in r.train_levels}
+        eval_s = time.perf_counter() - t1
         meta: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "digest": r.digest(),
@@ -334,7 +400,7 @@ def _train_base(
             "train_seconds": round(train_s, 2),
             "torch_threads": torch.get_num_threads(),
             "eval_seconds": round(eval_s, 2),
-            "train_tokens_per_s": round(r.steps * r.batch_size * (seq_len(w) - 1) / train_s, 1),
+            "train_tokens_per_s": round(tokens / train_s, 1),
             "build_seconds": round(time.perf_counter() - t_start, 2),
             "greedy": {str(k): v for k, v in greedy.items()},
             "pass_at_8": {str(k): v for k, v in pass8.items()},
@@ -348,6 +414,27 @@ def _train_base(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return acc
+
+
+def _evaluate_episodes(model_dir: Path, r: BaseRecipe, n: int) -> tuple[dict[int, float], dict[int, float]]:
+    """A tool family's base, measured as the cycle measures it: greedy episodes (and pass@8 one level above the
+    trained ones) on held-out tasks under the recipe's harness, each audited."""
+    from rsi.backends.hf import HFBackend
+    from rsi.evaluate import evaluate
+    from rsi.hcp import load_harness
+    from rsi.tasks import get_family
+
+    harness, family = load_harness(r.harness), get_family(r.family)
+    top = max(r.train_levels)
+    levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= family.max_level})
+    backend = HFBackend(model_dir)
+    try:
+        greedy = evaluate(harness, family, backend, "pair-base", levels, n, lineage_seed=r.seed)
+        beyond = [lv for lv in (top + 1,) if lv <= family.max_level]
+        pass8 = evaluate(harness, family, backend, "pair-base", beyond, n, lineage_seed=r.seed, k=8)
+    finally:
+        backend.close()
+    return {s.level: s.accuracy for s in greedy}, {s.level: s.accuracy for s in pass8}
 
 
 def _portable_tokenizer_config(d: Path) -> None:

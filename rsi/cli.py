@@ -39,7 +39,8 @@ app.add_typer(lineage_app, name="lineage")
 app.add_typer(engine_app, name="engine")
 app.add_typer(stack_app, name="stack")
 
-PROFILE = typer.Option("demo", "--profile", help="configuration profile: demo, or tiny for smoke tests")
+PROFILE = typer.Option(None, "--profile", help="configuration profile: demo (addition), sorting, or tiny for smoke "
+                       "tests; default: the family's own profile if it has one, else demo")
 SETS = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config field, e.g. --set train.steps=60 "
                     "(dotted keys, JSON values; repeatable)")
 
@@ -307,15 +308,15 @@ def _reaudit(lineage: str, harness, as_json: bool) -> None:
 
 
 @base_app.command("build")
-def base_build(profile: str = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached")) -> None:
+def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached")) -> None:
     """Train the tiny built-in base model on the lowest levels (cached by a hash of its recipe)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from rsi.basemodel import BaseRecipe, base_report, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config
+    from rsi.cycle import load_config, profile_for
 
-    recipe = BaseRecipe(**load_config(profile).base_recipe)
+    recipe = BaseRecipe(**load_config(profile_for(profile)).base_recipe)
     columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=out, transient=True) as bar:
@@ -342,13 +343,13 @@ def eval_cmd(
     k: int = typer.Option(1, "--k", min=1, help="1: greedy accuracy; >1: pass@k at the harness temperature"),
     split: str = typer.Option("test", "--split", help="test (reporting, default) or heldout (what decisions use)"),
     lineage: str | None = typer.Option(None, "--lineage", help="evaluate this lineage's champion (its adapter)"),
-    profile: str = PROFILE,
+    profile: str | None = PROFILE,
 ) -> None:
     """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
-    from rsi.cycle import load_config
+    from rsi.cycle import load_config, profile_for
     from rsi.errors import UserError
     from rsi.evaluate import evaluate, expressible
     from rsi.hcp import load_harness
@@ -356,7 +357,7 @@ def eval_cmd(
     from rsi.tasks import get_family
     from rsi.train import adapter_hash
 
-    config = load_config(profile)
+    config = load_config(profile_for(profile))
     wanted = parse_levels(levels)
     if split not in ("test", "heldout"):
         raise UserError(f"--split {split!r}: expected test or heldout (train tasks are what models learn from)")
@@ -413,7 +414,7 @@ def run_cmd(
     generations: int = typer.Option(None, "--generations", min=1, help="at most this many generations"),
     lineage: str | None = typer.Option(None, "--lineage", help="lineage name (default: the family's)"),
     seed: int | None = typer.Option(None, "--seed"),
-    profile: str = PROFILE,
+    profile: str | None = PROFILE,
     backend: str | None = typer.Option(None, "--backend", help="hf (in process, default) or openai (vLLM server)"),
     harness: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/v2) or directory; "
                                                                   "default: the family's newest shipped version"),
@@ -429,9 +430,9 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import latest_harness, load_config, parse_sets
+    from rsi.cycle import latest_harness, load_config, parse_sets, profile_for
 
-    config = load_config(profile, **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
+    config = load_config(profile_for(profile, family), **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness or latest_harness(family), "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
@@ -528,7 +529,7 @@ def deploy_cmd(
     cron: str | None = typer.Option(None, "--cron", help='cron schedule, e.g. "*/30 * * * *"'),
     interval: int | None = typer.Option(None, "--interval", min=1, help="seconds between runs"),
     family: str | None = typer.Option(None, "--family", help="task family (default: the lineage's name)"),
-    profile: str = PROFILE,
+    profile: str | None = PROFILE,
     generations: int = typer.Option(1, "--generations", min=1, help="generations per scheduled run"),
     harness: str | None = typer.Option(None, "--harness", help="harness id or directory (default: newest shipped)"),
     sets: list[str] = SETS,
@@ -537,9 +538,10 @@ def deploy_cmd(
     `rsi worker`."""
     from flows.deploy import deploy
     from rsi.config import get_settings
-    from rsi.cycle import parse_sets
+    from rsi.cycle import parse_sets, profile_for
 
-    info = deploy(get_settings(), lineage, family=family or lineage, profile=profile, generations=generations,
+    info = deploy(get_settings(), lineage, family=family or lineage, profile=profile_for(profile, family or lineage),
+                  generations=generations,
                   harness=harness, cron=cron, interval=interval, overrides=parse_sets(sets))
     out.print(f"deployment {info['deployment']} ({info['schedule']}, work pool {info['work_pool']}); "
               "start `rsi worker` to run it")
@@ -570,17 +572,17 @@ def engine_install() -> None:
 
 @engine_app.command("start")
 def engine_start(
-    profile: str = PROFILE,
+    profile: str | None = PROFILE,
     port: int | None = typer.Option(None, "--port", help="default: a free port"),
 ) -> None:
     """Serve the built-in base with runtime LoRA loading on 127.0.0.1; returns once it is healthy."""
     from rsi import engine
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config
+    from rsi.cycle import load_config, profile_for
 
     settings = get_settings()
-    base = ensure_base(settings, BaseRecipe(**load_config(profile).base_recipe))
+    base = ensure_base(settings, BaseRecipe(**load_config(profile_for(profile)).base_recipe))
     if not engine.is_installed():
         engine.install(echo=True)
     state = engine.start(base, settings.home, port=port)

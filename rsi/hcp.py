@@ -35,10 +35,14 @@ CONTRACT_RULES = (
     "limits",
     "stopped",
     "tools_allowed",
+    "results_replayed",
+    "states_replayed",
     "answer_format",
     "no_extra_content",
     "answer_correct",
 )
+# A harness that exposes tools must list these: the auditor replays every call on the family's environment.
+EPISODE_RULES = ("tools_allowed", "results_replayed", "states_replayed")
 # Without these a verdict means nothing: the task is authentic, the model saw the harness's prompt and
 # nothing else, and the answer is right.
 REQUIRED_RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "answer_correct")
@@ -53,9 +57,10 @@ LEGACY_CONTRACTS = {
          "and one reply can pass; new harness versions use contract version 2",
 }
 # (section, field) added after documents were first hashed: hashed only when set (see Harness.hash)
-LATER_FIELDS = (("answer", "template"), ("plan",))
+LATER_FIELDS = (("answer", "template"), ("plan",), ("prompt", "tool_template"), ("tool_calls",))
 TEMPLATE_NAMES = ("task", "vars", "tools")
 ANSWER_NAMES = (*TEMPLATE_NAMES, "answer")  # an answer template also sees the answer it writes
+TOOL_NAMES = (*TEMPLATE_NAMES, "call", "result")  # a tool template writes one call's result
 TEMPLATE_FIELDS = ("template", "system_template")
 # Validation renders every template on SAMPLE_TASKS train tasks of each of the family's lowest SAMPLE_LEVELS.
 SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
@@ -90,6 +95,11 @@ class Prompt(Section):
         "path of a system template, relative to hcp.toml; in completion mode its text comes first, so end "
         "it with the separator you want (Jinja drops one trailing newline of a file: write {{ '\\n' }})"))
     vars: dict[str, JsonValue] = Field(default_factory=dict)
+    tool_template: str | None = Field(None, description=(
+        "path of the template that writes a tool message (``result``: the tool's result as text; ``call``: its "
+        "name and arguments), relative to hcp.toml; required when the harness exposes tools. In completion "
+        "mode an episode reads as the prompt, then each assistant turn followed by EOS, each tool message "
+        "as this template writes it"))
 
     @field_validator("mode")
     @classmethod
@@ -145,6 +155,13 @@ class Plan(Section):
         "harness can pose, e.g. a long addition as additions of digit chunks; the parts are tasks of the "
         "family, audited like any other, and the task's answer is composed from their answers"))
     params: dict[str, JsonValue] = Field(default_factory=dict, description="the plan's own settings")
+
+
+class ToolCalls(Section):
+    syntax: Literal["python"] = Field("python", description=(
+        "how an assistant turn writes a tool call: 'python' is one call per turn, ``name(v1, v2, ...)``, the "
+        "values JSON literals given in the order of the tool's schema properties; a turn that is not a call "
+        "is the final reply"))
 
 
 class Tool(Section):
@@ -225,6 +242,7 @@ class HCPDocument(Section):
     tools: tuple[Tool, ...] = ()
     contract: Contract
     plan: Plan | None = Field(None, description="pose each task through the family's plan (None: in one call)")
+    tool_calls: ToolCalls | None = Field(None, description="how tool calls are written; required with tools")
 
     @model_validator(mode="after")
     def _consistent(self) -> HCPDocument:
@@ -334,6 +352,19 @@ class Harness:
         except Exception as exc:  # noqa: BLE001 - as for prompts: a failed render is reported, never raised raw
             raise TemplateRenderError(self.folder / name, "answer.template", exc) from None
 
+    def render_tool(self, task_payload: dict[str, Any], call: dict[str, Any], result: str) -> str:
+        """A tool message: the result of ``call`` (name, arguments) as the model reads it."""
+        name = self.document.prompt.tool_template
+        if name is None:
+            raise UserError(f"{self.path}: field 'prompt.tool_template' is not set, so tool results cannot be "
+                            "shown to the model; add a tool template")
+        context = {"task": task_payload, "vars": self.document.prompt.vars, "call": call, "result": result,
+                   "tools": [t.model_dump(mode="json") for t in self.document.tools]}
+        try:
+            return self._templates[name].render(context)
+        except Exception as exc:  # noqa: BLE001 - as for prompts: a failed render is reported, never raised raw
+            raise TemplateRenderError(self.folder / name, "prompt.tool_template", exc) from None
+
     def prompt_messages(self, task_payload: dict[str, Any]) -> list[PromptMessage]:
         """What the model is shown for one task: ("system", ...) if there is a system_template, then ("user", ...)."""
         messages = []
@@ -437,7 +468,7 @@ def _qualified(field: str) -> str:
 def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     """Read and statically check one template; return its source."""
     file, where = _template_file(path, field, rel), _qualified(field)
-    names = ANSWER_NAMES if where == "answer.template" else TEMPLATE_NAMES
+    names = {"answer.template": ANSWER_NAMES, "prompt.tool_template": TOOL_NAMES}.get(where, TEMPLATE_NAMES)
     try:
         source = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -507,7 +538,8 @@ def _check_renders(path: Path, harness: Harness) -> None:
         except UserError as exc:
             raise UserError(f"{path}: field 'family': cannot draw sample tasks: {exc}") from None
         failures = [(t, err) for t in tasks if (err := _render_failure(harness, t)) is not None]
-        if not failures and harness.document.answer.template is not None:
+        # (a tool family judges the final state: its answer template is checked on demonstrations instead)
+        if not failures and harness.document.answer.template is not None and family.environment is None:
             for task in tasks:
                 _check_answer_round_trip(path, harness, family, task)
         if not failures or (level > family.min_level and len(failures) == len(tasks)):
@@ -584,6 +616,8 @@ def load_harness(path: str | Path) -> Harness:
             sources[rel] = _check_template(file, field, rel, doc)
     if doc.answer.template is not None:
         sources[doc.answer.template] = _check_template(file, "answer.template", doc.answer.template, doc)
+    if doc.prompt.tool_template is not None:
+        sources[doc.prompt.tool_template] = _check_template(file, "tool_template", doc.prompt.tool_template, doc)
     _check_model_base(file, doc)
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
     warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
@@ -591,7 +625,44 @@ def load_harness(path: str | Path) -> Harness:
     _check_renders(file, harness)
     if doc.plan is not None:
         _check_plan(file, harness)
+    if doc.tools:
+        _check_episodes(file, harness)
     return harness
+
+
+def _check_episodes(path: Path, harness: Harness) -> None:
+    """The family has an environment with every tool the harness exposes, and the family's demonstrations of
+    sample tasks play out under this harness: each call is written in its syntax, parsed back as the same call,
+    its result rendered, and the final state verified."""
+    from rsi.episodes import demonstration
+
+    doc, family = harness.document, get_family(harness.document.family)
+    missing = [r for r in EPISODE_RULES if r not in doc.contract.rules]
+    if missing:
+        raise UserError(f"{path}: field 'contract.rules': the harness exposes tools but lacks {missing}: the auditor "
+                        "must check the calls and replay them on the family's environment")
+    if doc.tool_calls is None or doc.prompt.tool_template is None:
+        raise UserError(f"{path}: a harness that exposes tools needs [tool_calls] (how a call is written) and "
+                        "prompt.tool_template (how a result reads)")
+    if doc.plan is not None:
+        raise UserError(f"{path}: field 'plan': a plan poses a task as one-call parts, a harness with tools runs "
+                        "episodes; use one or the other")
+    env = family.environment
+    if env is None:
+        raise UserError(f"{path}: field 'tools': family {family.name!r} has no environment, so no tool can run")
+    unknown = sorted({t.name for t in harness.document.tools} - set(env.tools))
+    if unknown:
+        raise UserError(f"{path}: field 'tools': family {family.name!r} declares no tool {unknown[0]!r} "
+                        f"(its tools: {', '.join(sorted(env.tools)) or 'none'})")
+    if family.expert is None:
+        return
+    for level in range(family.min_level, min(family.min_level + SAMPLE_LEVELS - 1, family.max_level) + 1):
+        for task in family.tasks("train", SAMPLE_SEED, level, SAMPLE_TASKS):
+            try:
+                demonstration(harness, family, task)
+            except UserError as exc:
+                raise UserError(f"{path}: cannot play {family.name} task {task.id} (level {level}, payload "
+                                f"{json.dumps(task.payload)}) as an episode: {exc}") from None
 
 
 def _check_plan(path: Path, harness: Harness) -> None:

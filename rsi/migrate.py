@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rsi.audit import prompt_text
+from rsi.episodes import training_parts
 from rsi.errors import UserError
 from rsi.hcp import Harness
 from rsi.models import Task, Trajectory
@@ -22,8 +22,12 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
     """The example ``trajectory`` (recorded under ``source``) teaches, written under ``target``: the same task
     and answer in ``target``'s prompt and answer format. Unchanged when replies look the same under both."""
     if not changes_format(source, target):
-        return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt_text(trajectory),
-                       completion=trajectory.completion, source=kind)
+        prompt, completion, turns = training_parts(trajectory)
+        return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt, completion=completion,
+                       source=kind, turns=turns)
+    if trajectory.tool_log or source.document.tools:
+        raise UserError(f"cannot migrate episode {trajectory.id} from {source.id} to {target.id}: re-rendering "
+                        "writes one task's answer, not a tool episode")
     if source.document.family != target.document.family:
         raise UserError(f"cannot migrate a {source.document.family} trajectory to harness {target.id} of family "
                         f"{target.document.family}")

@@ -47,6 +47,18 @@ class Message(Frozen):
     tool_call_id: str | None = None
 
 
+class ToolRecord(Frozen):
+    """One tool call as the environment ran it (``rsi.substrate``): what was asked, what it returned, and the
+    state's hash before and after, so the auditor can replay the episode and compare."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, JsonValue]
+    result: JsonValue
+    state_before: str
+    state_after: str
+
+
 class TokenCounts(Frozen):
     prompt: int = Field(ge=0)
     completion: int = Field(ge=0)
@@ -72,6 +84,7 @@ class Trajectory(Frozen):
     finish_reason: Literal["stop", "length", "error"] = "stop"
     tokens: TokenCounts
     timings: Timings
+    tool_log: tuple[ToolRecord, ...] = Field((), description="every tool call of the episode, in order")
     created_at: datetime | None = None
 
     @classmethod
@@ -84,7 +97,10 @@ class Trajectory(Frozen):
     def content_id(self) -> str:
         """The id this trajectory must carry: a hash of its content (not of its timings or storage time),
         so an edited trajectory is a new trajectory and never inherits an old verdict."""
-        return trajectory_id(self.model_dump(mode="json", exclude={"id", "timings", "created_at"}))
+        content = self.model_dump(mode="json", exclude={"id", "timings", "created_at"})
+        if not content["tool_log"]:  # added later: a trajectory without tool calls keeps the id it always had
+            del content["tool_log"]
+        return trajectory_id(content)
 
     @property
     def completion(self) -> str:

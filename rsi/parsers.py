@@ -43,6 +43,10 @@ class ReversedDigitsParams(Params):
     width: int = Field(ge=1, le=MAX_DIGITS, description="digits in the answer, least significant first")
 
 
+class WordParams(Params):
+    words: list[str] = Field(min_length=1, description="the replies that count, e.g. ['done']")
+
+
 Parser = Callable[..., Parsed]
 
 
@@ -96,6 +100,16 @@ def parse_reversed_digits(text: str, width: int) -> Parsed:
         reason = _non_ascii_digit(head)
         return Parsed(ok=False, error=reason or f"expected {width} digits, got {head!r}")
     return Parsed(ok=True, value=int(head[::-1]), extra=text[width:])
+
+
+@parser("word", WordParams)
+def parse_word(text: str, words: list[str]) -> Parsed:
+    """One of ``words`` at the start of the reply (the longest that matches): a final reply that only says the
+    episode is over, e.g. 'done' (a tool family's verifier judges the final state)."""
+    for word in sorted(words, key=len, reverse=True):
+        if word and text.startswith(word):
+            return Parsed(ok=True, value=word, extra=text[len(word):])
+    return Parsed(ok=False, error=f"expected one of {words}, got {text[:20]!r}")
 
 
 def get_parser(name: str) -> Parser:

@@ -38,6 +38,9 @@ class Candidate(BaseModel):
     prompt: str
     completion: str
     passed: bool
+    turns: tuple[tuple[str, bool], ...] = Field((), description=(
+        "an episode of more than one turn: what follows the prompt, as (text, trained) pieces (assistant turns "
+        "trained, each followed by EOS; tool messages not); empty for one reply, the completion"))
 
 
 class Example(BaseModel):
@@ -50,6 +53,9 @@ class Example(BaseModel):
     prompt: str
     completion: str
     source: Literal["frontier", "replay"]
+    turns: tuple[tuple[str, bool], ...] = Field((), description=(
+        "an episode of more than one turn: what follows the prompt, as (text, trained) pieces (assistant turns "
+        "trained, each followed by EOS; tool messages not); empty for one reply, the completion"))
 
 
 class Dataset(BaseModel):
@@ -82,7 +88,8 @@ def select(
     chosen: list[Example] = []
     lo, hi = spec.band
     for task_id in sorted(by_task):
-        attempts = sorted(by_task[task_id], key=lambda c: c.trajectory_id)
+        # the shortest passed episodes first (fewest turns); one-reply attempts keep their id order
+        attempts = sorted(by_task[task_id], key=lambda c: (len(c.turns), c.trajectory_id))
         rate = sum(c.passed for c in attempts) / len(attempts)
         if not lo <= rate <= hi:
             continue
@@ -93,7 +100,7 @@ def select(
             seen.add(c.completion)
             source = "frontier" if c.level in frontier_levels else "replay"
             chosen.append(Example(trajectory_id=c.trajectory_id, level=c.level, prompt=c.prompt,
-                                  completion=c.completion, source=source))
+                                  completion=c.completion, source=source, turns=c.turns))
             if len(seen) >= spec.cap_per_task:
                 break
     have = {e.trajectory_id for e in chosen}

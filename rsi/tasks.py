@@ -20,6 +20,7 @@ from typing import Any
 from rsi.errors import UserError
 from rsi.hashing import digest
 from rsi.models import SPLITS, Split, Task
+from rsi.substrate import Environment
 
 GROUP = "rsi.task_generators"
 # Shares of the task space; heldout decides (curriculum, gate), test only reports.
@@ -62,6 +63,11 @@ class TaskFamily:
     solve: Callable[[dict[str, Any]], Any] | None = None  # the answer of any payload (derived tasks' gold)
     level_of: Callable[[dict[str, Any]], int] | None = None  # the level of any payload
     plans: dict[str, Plan] = field(default_factory=dict)  # decompositions a harness may name ([plan] name)
+    # A tool-using family: the state its tasks act on and its tools (``rsi.substrate``). Its ``verify`` then
+    # gets the episode's outcome, ``{"state": final state, "answer": parsed final reply}``.
+    environment: Environment | None = None
+    # A demonstration: the tool calls that solve a payload (the base model's pretraining episodes).
+    expert: Callable[[dict[str, Any]], list[tuple[str, dict[str, Any]]]] | None = None
 
     def split_of(self, payload: dict[str, Any]) -> Split:
         return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)

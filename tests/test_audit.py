@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 
 from rsi.audit import RULES, audit, audit_jsonl
+from rsi.episodes import demonstration
 from rsi.hcp import CONTRACT_RULES, Harness, HCPDocument, load_harness
-from rsi.models import Message, Pair, Task, Timings, TokenCounts, ToolCall, Trajectory
+from rsi.models import Message, Pair, Task, Timings, TokenCounts, ToolCall, ToolRecord, Trajectory
 from rsi.parsers import PARSERS
+from rsi.substrate import Session
 from rsi.tasks import get_family
 from rsi.tokens import BUILTIN, token_counter
 
@@ -43,7 +45,13 @@ ROOMY = variant(FULL, decoding={"max_new_tokens": 16}, limits={"max_completion_t
 CALC = [{"name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}},
                                         "required": ["expr"]}}]
 TIGHT = variant(FULL, decoding={"max_new_tokens": 11})
-TOOLS = variant(FULL, tools=CALC, limits={"max_steps": 3, "max_completion_tokens": 40})
+# addition has no environment to replay calls on: its message-structure cases leave the replay rules out
+STRUCTURE_RULES = [r for r in CONTRACT_RULES if r not in ("results_replayed", "states_replayed")]
+TOOLS = variant(FULL, tools=CALC, limits={"max_steps": 3, "max_completion_tokens": 40},
+                contract={"rules": STRUCTURE_RULES})
+SORT = load_harness(REPO / "harness_versions/sorting/v1")
+SORTING = get_family("sorting")
+SORT_TASK = SORTING.task("train", seed=7, level=3, index=0)
 
 
 def pair_of(harness: Harness) -> Pair:
@@ -87,8 +95,48 @@ def episode(*turns: Message, harness: Harness = TOOLS) -> Trajectory:
     return good(harness=harness, messages=(user(), *turns), tokens=TokenCounts(prompt=23, completion=completion))
 
 
+def sort_episode(edit: Any = None) -> Trajectory:
+    """The sorting family's demonstration of SORT_TASK as a recorded episode (token counts as the hf backend
+    reports them), after ``edit(messages, tool_log)`` changes it in place."""
+    messages, log = demonstration(SORT, SORTING, SORT_TASK)
+    if edit is not None:
+        edit(messages, log)
+    replies = [m.content for m in messages if m.role == "assistant"]
+    return Trajectory.build(task_id=SORT_TASK.id, pair_id=pair_of(SORT).id, harness_id=SORT.id, sample_index=0,
+                            seed=0, messages=tuple(messages), tool_log=tuple(log), timings=Timings(generate_s=0.01),
+                            tokens=TokenCounts(prompt=1 + len(messages[0].content),
+                                               completion=sum(len(r) + 1 for r in replies)))
+
+
+def forge_result(messages: list[Message], log: list[ToolRecord]) -> None:
+    """The first call claims to have sorted the list: its tool message and logged result say so."""
+    messages[2] = messages[2].model_copy(update={"content": "0123456>"})
+    log[0] = log[0].model_copy(update={"result": "0123456"})
+
+
+def edit_state(messages: list[Message], log: list[ToolRecord]) -> None:
+    """The state was changed between the first and second call: the log shows another state there."""
+    log[0] = log[0].model_copy(update={"state_after": "state-" + "0" * 24})
+    log[1] = log[1].model_copy(update={"state_before": "state-" + "0" * 24})
+
+
+def extra_call(name: str, arguments: dict[str, Any]) -> Any:
+    """An extra first call, logged and answered as the environment answers it (an error, state unchanged)."""
+    def edit(messages: list[Message], log: list[ToolRecord]) -> None:
+        session = Session(SORTING.environment, SORT_TASK.payload, {t.name: t.parameters for t in SORT.document.tools})
+        record = session.call("call_0", name, arguments)
+        text = f"{name}({','.join(json.dumps(v) for v in arguments.values())})"
+        messages[1:1] = [Message(role="assistant", content=text,
+                                 tool_calls=(ToolCall(id="call_0", name=name, arguments=arguments),)),
+                         Message(role="tool", content=SORT.render_tool(SORT_TASK.payload, {}, record.result),
+                                 tool_call_id="call_0")]
+        log.insert(0, record)
+    return edit
+
+
 def failed(traj: Trajectory, task: Task = TASK, harness: Harness = FULL) -> list[str]:
-    return audit(traj, task, harness, FAMILY, pair_of(harness)).failed_rules()
+    family = SORTING if harness is SORT else FAMILY
+    return audit(traj, task, harness, family, pair_of(harness)).failed_rules()
 
 
 def detail(traj: Trajectory, rule: str, harness: Harness = FULL, task: Task = TASK) -> str:
@@ -155,7 +203,13 @@ CASES = {
     # tools_allowed
     "tool-not-allowed": (good(messages=(user(), Message(role="assistant", content=answer_text(TASK.answer),
                           tool_calls=(ToolCall(id="c1", name="shell", arguments={"cmd": "ls"}),)))),
-                         TASK, FULL, ["messages_allowed", "tools_allowed"]),
+                         TASK, FULL, ["messages_allowed", "tools_allowed", "results_replayed"]),
+    "tool-not-exposed": (sort_episode(extra_call("shuffle", {})), SORT_TASK, SORT, ["tools_allowed"]),
+    "tool-arguments-outside-schema": (sort_episode(extra_call("swap", {"i": 0, "j": 9})), SORT_TASK, SORT,
+                                      ["tools_allowed"]),
+    # results_replayed, states_replayed (the auditor replays the calls on the family's environment)
+    "forged-tool-result": (sort_episode(forge_result), SORT_TASK, SORT, ["results_replayed"]),
+    "edited-state": (sort_episode(edit_state), SORT_TASK, SORT, ["states_replayed"]),
     "tool-arguments": (episode(Message(role="assistant", content="", tool_calls=(ToolCall(id="c", name="calc", arguments={"expr": 3}),)),
                                tool("c"), assistant(answer_text(TASK.answer))), TASK, TOOLS, ["tools_allowed"]),
     # answer_format, no_extra_content, answer_correct

@@ -77,7 +77,7 @@ def test_db_commands(db_url: str) -> None:
     env = {"RSI_DATABASE_URL": db_url}
     up = rsi("db", "upgrade", env=env)
     assert up.returncode == 0, up.stderr
-    assert "at revision 0003" in up.stdout
+    assert "at revision 0004" in up.stdout
     assert "up to date" in rsi("db", "current", env=env).stdout
     down = rsi("db", "downgrade", "base", env=env)
     assert down.returncode == 0 and "at revision base" in down.stdout, down.stderr

@@ -300,7 +300,33 @@ def test_tool_schema_must_be_a_local_object_schema(doc2: Path) -> None:
     with pytest.raises(UserError, match=r"field 'tools\[0\].parameters': \$ref 'https://x.test/s' is not local"):
         load_harness(doc2)
     edit(doc2, '"$ref" = "https://x.test/s"', 'properties = { x = { type = "integer" } }')
-    assert load_harness(doc2).document.tools[0].name == "calc"
+    # a well-formed schema; now the harness must be able to run the tool (the auditor replays every call)
+    with pytest.raises(UserError, match=r"exposes tools but lacks \['results_replayed', 'states_replayed'\]"):
+        load_harness(doc2)
+
+
+@pytest.fixture
+def sort_doc(tmp_path: Path) -> Path:
+    """A writable copy of harness_versions/sorting/v1 (a tool harness)."""
+    dest = tmp_path / "s1"
+    shutil.copytree(REPO / "harness_versions/sorting/v1", dest)
+    return dest
+
+
+def test_a_tool_harness_must_be_playable(sort_doc: Path) -> None:
+    assert [t.name for t in load_harness(sort_doc).document.tools] == ["swap"]
+    edit(sort_doc, 'name = "swap"', 'name = "rotate"')
+    with pytest.raises(UserError, match=r"field 'tools': family 'sorting' declares no tool 'rotate' \(its tools: swap\)"):
+        load_harness(sort_doc)
+    edit(sort_doc, 'name = "rotate"', 'name = "swap"')
+    edit(sort_doc, '[tool_calls]\nsyntax = "python"\n', '')
+    with pytest.raises(UserError, match=r"needs \[tool_calls\] \(how a call is written\)"):
+        load_harness(sort_doc)
+    edit(sort_doc, '[[tools]]', '[tool_calls]\nsyntax = "python"\n\n[[tools]]')
+    edit(sort_doc, 'maximum = 6 }, j', 'maximum = 2 }, j')  # the expert's calls leave the schema
+    with pytest.raises(UserError, match=r"cannot play sorting task .* the expert's call swap\(\d,\d\) failed: error: "
+                                        r"arguments of swap"):
+        load_harness(sort_doc)
 
 
 def test_parser_params_are_typed(doc2: Path) -> None:
@@ -350,7 +376,9 @@ def test_v1_is_a_loadable_legacy_contract_and_v2_renders_the_same_prompt() -> No
     v1, v2 = load_harness(REPO / "harness_versions/addition/v1"), load_harness(REPO / "harness_versions/addition/v2")
     assert v1.contract_version == "1" and "legacy" in v1.warnings[0] and "messages_allowed" in v1.warnings[0]
     assert v2.warnings == () and v2.contract_version == "2" and v2.document.answer.require_stop
-    assert v2.document.contract.rules == CONTRACT_RULES
+    # every rule but the two that replay tool calls (addition has no tools and no environment)
+    assert v2.document.contract.rules == tuple(r for r in CONTRACT_RULES if r not in ("results_replayed",
+                                                                                       "states_replayed"))
     assert v2.sources == v1.sources and v2.hash != v1.hash
     for payload in ({"a": 0, "b": 0}, {"a": 12, "b": 345}, {"a": 9_999_999_999, "b": 1}):
         assert v2.prompt(payload) == v1.prompt(payload)
@@ -416,7 +444,7 @@ def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) 
     shutil.copytree(v2, copy)
     assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
     for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
-        with pytest.raises(UserError, match=r"shipped: addition/v1, addition/v2\. Pass a harness directory"):
+        with pytest.raises(UserError, match=r"shipped: addition/v1, addition/v2, sorting/v1\. Pass a harness directory"):
             resolve_harness(bad)
 
 

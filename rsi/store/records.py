@@ -47,7 +47,8 @@ def put_trajectories(session: Session, trajectories: Iterable[Trajectory], gener
                       harness_id=t.harness_id, sample_index=t.sample_index, seed=t.seed,
                       messages=[m.model_dump(mode="json") for m in t.messages], finish_reason=t.finish_reason,
                       prompt_tokens=t.tokens.prompt, completion_tokens=t.tokens.completion,
-                      timings=t.timings.model_dump(mode="json"))
+                      timings=t.timings.model_dump(mode="json"),
+                      tool_log=[r.model_dump(mode="json") for r in t.tool_log] or None)
         for t in trajectories
     ]
     return _add_new(session, rows, lambda r: r.id, TrajectoryRow.id)
@@ -108,4 +109,4 @@ def trajectory_from_row(row: TrajectoryRow) -> Trajectory:
                       sample_index=row.sample_index, seed=row.seed, messages=row.messages,
                       finish_reason=row.finish_reason,
                       tokens={"prompt": row.prompt_tokens, "completion": row.completion_tokens},
-                      timings=row.timings, created_at=row.created_at)
+                      timings=row.timings, tool_log=row.tool_log or (), created_at=row.created_at)

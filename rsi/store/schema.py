@@ -117,6 +117,7 @@ class TrajectoryRow(Base):
     prompt_tokens: Mapped[int]
     completion_tokens: Mapped[int]
     timings: Mapped[dict[str, Any]]
+    tool_log: Mapped[list[Any] | None]  # episodes only: every tool call with the state hashes around it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
