@@ -11,6 +11,7 @@ so any machine with rsi installed can run it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from rsi.cycle import latest_harness, load_config
 from rsi.errors import UserError
 
 POOL = "rsi"
+STOP_GRACE_S = 60  # how long `rsi worker` waits for the Prefect worker to stop before it kills it
 
 
 def require_server(settings: Settings, command: str) -> str:
@@ -109,12 +111,36 @@ def worker(settings: Settings, *, run_once: bool = False, limit: int | None = No
     command += ["--run-once"] if run_once else []
     command += ["--limit", str(limit)] if limit else []
     env = os.environ | {"PREFECT_API_URL": api, "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
-    child = subprocess.Popen(command, env=env)
+    return supervise(command, env, "the Prefect worker")
+
+
+def supervise(command: list[str], env: dict[str, str], what: str, grace_s: float = STOP_GRACE_S) -> int:
+    """Run ``command`` until it exits and return its status; a SIGTERM or Ctrl-C is passed on to it, and if it
+    has not stopped ``grace_s`` later (or a second signal comes) it is killed with its process group."""
+    # Its own process group, so a kill reaches what it started too (the flow runs of a Prefect worker); a
+    # terminal's Ctrl-C reaches only this process, which passes it on.
+    child = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
     # A SIGTERM sent to `rsi worker` alone (kill, a service manager) must stop the Prefect worker too: before
     # this, `kill` on rsi's pid left the worker polling and running flows (seen in the issue 9 acceptance run).
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
-    while True:
-        try:
-            return child.wait()
-        except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the worker as well: wait for it to stop
-            continue
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return child.wait()
+    except (KeyboardInterrupt, _Stop) as exc:
+        child.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+    try:
+        return child.wait(timeout=grace_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt, _Stop):
+        # It did not stop in time (a Prefect worker whose API server is gone retries for minutes), or a second
+        # signal came: kill it and its flow runs. A generation cut short resumes from its last finished stage.
+        print(f"{what} did not stop within {grace_s:g} s; killing it and its process group", file=sys.stderr)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        return child.wait()
+
+
+class _Stop(Exception):
+    """SIGTERM reached `rsi worker`."""

@@ -21,12 +21,14 @@ from rsi.models import Task, Trajectory, Verdict
 CAUSES: dict[str, tuple[str, str]] = {
     "not_posable": ("harness", "the harness's format cannot pose tasks of this level"),
     "inauthentic_task": ("task", "the task is not the one its family generates"),
+    "step_limit": ("model", "the episode used every step the harness allows and was still calling tools"),
+    "tool_misuse": ("model", "a call to a tool the harness does not expose, or with arguments outside its schema"),
     "contract_violation": ("harness", "the prompt or messages are not what the harness renders and allows"),
     "limit_hit": ("harness", "the reply was cut by the harness's token limit"),
     "format_violation": ("model", "the reply does not follow the answer format, or adds to it"),
     "wrong_answer": ("model", "a well-formed answer that the verifier rejects"),
 }
-HARNESS_RULES = ("prompt_rendered", "messages_allowed", "tools_allowed")
+HARNESS_RULES = ("prompt_rendered", "messages_allowed", "results_replayed", "states_replayed")
 FORMAT_RULES = ("answer_format", "no_extra_content", "stopped")
 
 
@@ -46,6 +48,11 @@ def sample_cause(trajectory: Trajectory, verdict: Verdict) -> str:
     failed = {r.rule: r.detail for r in verdict.rules if not r.passed}
     if "ids_consistent" in failed and "task" in failed["ids_consistent"]:
         return "inauthentic_task"
+    last = trajectory.messages[-1] if trajectory.messages else None
+    if last is not None and last.role == "tool" and "messages_allowed" in failed:
+        return "step_limit"
+    if "tools_allowed" in failed and not any(rule in failed for rule in HARNESS_RULES):
+        return "tool_misuse"
     if any(rule in failed for rule in HARNESS_RULES) or "ids_consistent" in failed:
         return "contract_violation"
     if trajectory.finish_reason == "length" or "limits" in failed:

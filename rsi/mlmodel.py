@@ -67,6 +67,8 @@ class PairModel(mlflow.pyfunc.PythonModel):
         items, greedy = _items(model_input), sampling_params(self.harness, seed=0, greedy=True)
         if self.harness.document.plan is not None and not any(isinstance(item, str) for item in items):
             return self._predict_planned(items, greedy)
+        if self.harness.document.tools:
+            return self._predict_episodes(items, greedy)
         prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in items]
         outputs = self.backend.generate(prompts, greedy, adapter=self.adapter)
         answer = self.harness.document.answer
@@ -101,6 +103,43 @@ class PairModel(mlflow.pyfunc.PythonModel):
         return [{"prompt": None, "completion": " ".join(replies[c] for c in path.calls), "answer": path.answer,
                  "calls": len(path.calls), "finish_reason": "stop" if path.answer is not None else "error"}
                 for path in done.paths]
+
+
+    def _predict_episodes(self, payloads: list[Any], greedy) -> list[dict[str, Any]]:
+        """Payloads under a tool harness: each played as an episode on the family's environment; the prediction
+        is its turns (calls and final reply), the final state (replayed from the calls) and the parsed answer."""
+        from rsi.audit import parse_reply
+        from rsi.episodes import run_episodes
+        from rsi.errors import UserError
+        from rsi.models import Task
+        from rsi.substrate import replay
+        from rsi.tasks import DERIVED_SEED, get_family
+
+        family = get_family(self.harness.document.family)
+        schemas = {t.name: t.parameters for t in self.harness.document.tools}
+        tasks = []
+        for i, payload in enumerate(payloads):
+            try:
+                if not isinstance(payload, dict):
+                    raise TypeError("a tool harness plays task payloads, not prompt strings")
+                family.environment.init(payload)
+                level = family.level_of(payload) if family.level_of else 1
+                tasks.append(Task(family=family.name, family_version=family.version, split=family.split_of(payload),
+                                  level=max(1, level), seed=DERIVED_SEED, index=0, payload=payload, answer=None))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
+                                f"{exc}); pass payloads like the family's tasks") from None
+        predictions = []
+        for task, trajectory in zip(tasks, run_episodes(tasks, self.harness, self.backend, "pyfunc", greedy,
+                                                        self.adapter, family), strict=True):
+            calls = [(c.id, c.name, c.arguments) for m in trajectory.messages for c in m.tool_calls]
+            parsed = parse_reply(trajectory.completion, self.harness.document.answer)
+            predictions.append({"turns": [m.content for m in trajectory.messages if m.role == "assistant"],
+                                "calls": len(calls), "completion": trajectory.completion,
+                                "answer": parsed.value if parsed.ok else None,
+                                "final_state": replay(family.environment, task.payload, schemas, calls).state,
+                                "finish_reason": trajectory.finish_reason})
+        return predictions
 
 
 def _items(model_input: Any) -> list[str | dict[str, Any]]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from rsi.attribution import attribute, sample_cause, summary, table
-from rsi.models import Message, RuleResult, Timings, TokenCounts, Trajectory, Verdict
+from rsi.models import Message, RuleResult, Timings, TokenCounts, ToolCall, Trajectory, Verdict
 from rsi.tasks import get_family
 
 ADDITION = get_family("addition")
-RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "limits", "stopped", "answer_format",
-         "no_extra_content", "answer_correct")
+RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "limits", "stopped", "tools_allowed",
+         "results_replayed", "states_replayed", "answer_format", "no_extra_content", "answer_correct")
 
 
 def sample(task, index: int, finish: str = "stop") -> Trajectory:
@@ -35,6 +35,15 @@ def test_each_failed_rule_set_has_its_cause() -> None:
     assert sample_cause(t, verdict(t, "prompt_rendered", "answer_correct")) == "contract_violation"
     assert sample_cause(t, verdict(t, "ids_consistent", detail="task differs from the one its family generates")) \
         == "inauthentic_task"
+    # episodes: out of steps while still calling tools; a bad call; a log the replay contradicts
+    calls = sample(task, 2).model_copy(update={"messages": (
+        Message(role="user", content="p"),
+        Message(role="assistant", content="swap(0,1)", tool_calls=(ToolCall(id="c", name="swap", arguments={}),)),
+        Message(role="tool", content="x", tool_call_id="c"))})
+    assert sample_cause(calls, verdict(calls, "messages_allowed", "answer_format", "answer_correct")) == "step_limit"
+    assert sample_cause(t, verdict(t, "tools_allowed", "answer_correct")) == "tool_misuse"
+    assert sample_cause(t, verdict(t, "results_replayed")) == "contract_violation"
+    assert sample_cause(t, verdict(t, "states_replayed", "answer_correct")) == "contract_violation"
 
 
 def test_a_task_is_failed_only_when_no_sample_passed_and_takes_its_samples_majority_cause() -> None:

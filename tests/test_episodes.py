@@ -214,3 +214,18 @@ def test_rsi_audit_names_the_rule_each_forged_episode_breaks(tmp_path: Any) -> N
     assert {kind: line["failed_rules"] for kind, line in zip(episodes, lines, strict=True)} == {
         "genuine": [], "forged tool result": ["results_replayed"], "edited state": ["states_replayed"],
         "tool not exposed": ["tools_allowed"], "arguments outside the schema": ["tools_allowed"]}
+
+
+def test_the_pyfunc_model_plays_payloads_as_episodes() -> None:
+    """The MLflow model of a tool pair predicts an episode per payload (here with the FAKE expert backend)."""
+    from rsi.errors import UserError
+    from rsi.mlmodel import PairModel
+
+    model = PairModel()
+    model.harness, model.adapter, model.backend = SORT, None, Scripted(expert_policy)
+    task = SORTING.task("test", 0, 3, 0)
+    [prediction] = model.predict(None, [task.payload])
+    assert prediction["final_state"] == {"items": task.answer} and prediction["answer"] == "done"
+    assert prediction["calls"] == 3 and prediction["turns"][-1] == "done"
+    with pytest.raises(UserError, match=r"input 0: .* is not a sorting task payload"):
+        model.predict(None, [{"list": [1, 0]}])

@@ -54,3 +54,33 @@ def test_stage_results_are_validated_when_read_back() -> None:
         read_result("select", 4, {**stored, "size": "many"})
     with pytest.raises(RuntimeFailure, match=r"register result of generation 4 .*promote"):
         read_result("register", 4, {"version": "2", "promote": True})  # a renamed key fails at once
+
+
+def test_a_supervised_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path) -> None:
+    """`rsi worker` passes a SIGTERM on to the Prefect worker; one that does not stop (its API server gone, it
+    retries for minutes) is killed with its process group once the grace period is over."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    stubborn = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+                f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{kid.pid}}'); time.sleep(600)")
+    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; from flows.deploy import supervise; "
+                                   f"sys.exit(supervise([sys.executable, '-c', {stubborn!r}], None, 'the stub', 3))"],
+                                  stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child, grandchild = map(int, pids.read_text().split())
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == -signal.SIGKILL % 256  # the stub's status: killed
+    assert "the stub did not stop within 3 s; killing it and its process group" in supervisor.stderr.read()
+    time.sleep(0.5)
+    for pid in (child, grandchild):
+        stat = f"/proc/{pid}/stat"
+        state = open(stat).read().rsplit(")", 1)[1].split()[0] if os.path.exists(stat) else "gone"
+        assert state in ("gone", "Z"), f"pid {pid} outlived the supervisor ({state})"
