@@ -238,7 +238,7 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
                 VerdictRow.harness_hash == champ.harness_hash)))
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
                                 prompt=prompt, completion=completion, turns=turns, passed=t.id in passed)
-                      for t in trajectories for prompt, completion, turns in [training_parts(t)]]
+                      for t in trajectories for prompt, completion, turns in [training_parts(t.messages)]]
         dataset = select(candidates, replay_examples(run, gen, run.harness_of(champ)), run.config.selection,
                          frontier_levels=set(found.frontier_levels), seed=run.config.seed + gen.number)
         corrupted = run.config.corrupt_training_data

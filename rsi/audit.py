@@ -23,14 +23,13 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rsi.errors import UserError
 from rsi.hcp import Answer, Harness, HCPDocument
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed, get_parser
-from rsi.substrate import Session, replay, result_text
+from rsi.substrate import Session, replay, result_text, schema_problem
 from rsi.tasks import DERIVED_SEED, TaskFamily, get_family
 from rsi.tokens import TokenCounter, token_counter
 
@@ -298,10 +297,9 @@ def tools_allowed(case: Case) -> RuleResult:
             if tool is None:
                 problems.append(f"tool {call.name!r} is not in the allowlist {sorted(allowed)}")
                 continue
-            try:
-                jsonschema.validate(call.arguments, tool.parameters)
-            except jsonschema.ValidationError as exc:
-                problems.append(f"arguments of {call.name!r}: {exc.message}")
+            problem = schema_problem(call.arguments, tool.parameters)
+            if problem:
+                problems.append(f"arguments of {call.name!r}: {problem}")
     return _result("tools_allowed", problems)
 
 

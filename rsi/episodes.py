@@ -100,13 +100,13 @@ def transcript(messages: Sequence[Message], eos: str = EOS_TEXT) -> str:
     return "".join(text for text, _ in segments(messages, eos))
 
 
-def training_parts(trajectory: Trajectory) -> tuple[str, str, tuple[tuple[str, bool], ...]]:
-    """What a trajectory teaches: (prompt text, completion, turns). One reply: the completion, no turns. An
-    episode: its turns after the prompt as (text, trained) pieces without EOS (the trainer appends its
-    tokenizer's EOS to each trained piece), and as completion their text joined (what makes two episodes of
-    one task different)."""
-    prompt = [m for m in takewhile(lambda m: m.role in ("system", "user"), trajectory.messages)]
-    rest = trajectory.messages[len(prompt):]
+def training_parts(messages: Sequence[Message]) -> tuple[str, str, tuple[tuple[str, bool], ...]]:
+    """What a trajectory's messages teach: (prompt text, completion, turns). One reply: the completion, no
+    turns. An episode: its turns after the prompt as (text, trained) pieces without EOS (the trainer appends
+    its tokenizer's EOS to each trained piece), and as completion their text joined (what makes two episodes
+    of one task different)."""
+    prompt = [m for m in takewhile(lambda m: m.role in ("system", "user"), messages)]
+    rest = messages[len(prompt):]
     text = "".join(m.content for m in prompt)
     if len(rest) == 1 and rest[0].role == "assistant" and not rest[0].tool_calls:
         return text, rest[0].content, ()

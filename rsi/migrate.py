@@ -22,7 +22,7 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
     """The example ``trajectory`` (recorded under ``source``) teaches, written under ``target``: the same task
     and answer in ``target``'s prompt and answer format. Unchanged when replies look the same under both."""
     if not changes_format(source, target):
-        prompt, completion, turns = training_parts(trajectory)
+        prompt, completion, turns = training_parts(trajectory.messages)
         return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt, completion=completion,
                        source=kind, turns=turns)
     if trajectory.tool_log or source.document.tools:
