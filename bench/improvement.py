@@ -26,7 +26,14 @@ seeds: per level the mean and a 95 % t-interval for the mean over seeds (with on
 interval). The label_free rounds also report how many kept labels were right (checked after selection,
 for the report only). Prints a level x arm table and writes JSON.
 
-    .venv/bin/python bench/improvement.py --seeds 3 [--generations 8] [--profile demo] [--out PATH] [--resume]
+A tool family (``--family sorting``: its own profile, results in ``bench/results/improvement-sorting.json``): the
+labels of control and upper_bound are the family's expert episodes (``TaskFamily.expert``) played under the
+harness, trained with the loss on the assistant turns; label_free keeps the episodes the model ended with a final
+reply in the harness's format (it claims the list sorted) without checking the final state, and reports how
+many of those really solved their task.
+
+    .venv/bin/python bench/improvement.py --seeds 3 [--generations 8] [--family addition] [--profile demo]
+        [--out PATH] [--resume]
 
 Each finished seed is written to ``<out>.partial.json``; ``--resume`` keeps those and runs the rest.
 """
@@ -99,19 +106,31 @@ def lineage_arm(config, generations: int) -> None:
     run_lineage(config, generations, lambda m: print(f"  [seed {config.seed}] {m}"))
 
 
+def labelled(run, task) -> tuple[str, str, tuple]:
+    """The true (prompt, completion, turns) of a task under the lineage's harness: the answer in its format, or
+    for a tool family the family's expert episode."""
+    from rsi.episodes import demonstration, training_parts
+    from rsi.parsers import digits_lsb
+
+    if run.harness.document.tools:
+        return training_parts(demonstration(run.harness, run.family, task).messages)
+    width = run.harness.document.answer.params["width"]
+    return run.harness.prompt(task.payload), digits_lsb(task.answer, width), ()
+
+
 def control_arm(run, rounds, out: Path) -> tuple[Path | None, list[dict]]:
     """Fresh ground-truth examples of the base's levels (train split) each round; all in the replay pool."""
-    from rsi.parsers import digits_lsb
     from rsi.select import Dataset, Example
     from rsi.splits import stream_seed
     from rsi.train import train_adapter
 
-    width, adapter, log = run.harness.document.answer.params["width"], None, []
+    adapter, log = None, []
     for gen in rounds:
         seed = stream_seed("base", run.config.seed, gen.number)
         tasks = [t for lvl in run.recipe.train_levels for t in run.family.tasks("train", seed, lvl, 1024)]
-        examples = tuple(Example(trajectory_id=f"label-{t.id}", level=t.level, prompt=run.harness.prompt(t.payload),
-                                 completion=digits_lsb(t.answer, width), source="replay") for t in tasks)
+        examples = tuple(Example(trajectory_id=f"label-{t.id}", level=t.level, prompt=prompt, completion=completion,
+                                 turns=turns, source="replay")
+                         for t in tasks for prompt, completion, turns in [labelled(run, t)])
         train_adapter(run.base_dir, adapter, Dataset(examples=examples), run.config.train, out / f"round-{gen.number}",
                       seed=run.config.seed * 1000 + gen.number)
         adapter = out / f"round-{gen.number}"
@@ -129,11 +148,28 @@ def label_free_arm(run, rounds, out: Path) -> tuple[Path | None, list[dict]]:
     answer = run.harness.document.answer
     parse = get_parser(answer.parser)
 
+    def claimed_episodes(samples, by_task):
+        """Tool episodes without a verifier: kept when the model ended them with a final reply in the harness's
+        format (it claims the task done); the final state is not checked (except, after selection, for the
+        report: how many kept episodes really solved their task)."""
+        from rsi.audit import audit
+        from rsi.episodes import training_parts
+
+        ended = {s.id for s in samples if s.messages[-1].role == "assistant" and not s.messages[-1].tool_calls
+                 and (p := parse(s.completion, **answer.params)).ok and not p.extra}
+        candidates = [Candidate(trajectory_id=s.id, task_id=s.task_id, level=by_task[s.task_id].level,
+                                prompt=prompt, completion=completion, turns=turns, passed=s.id in ended)
+                      for s in samples for prompt, completion, turns in [training_parts(s.messages)]]
+        right = sum(audit(s, by_task[s.task_id], run.harness, run.family).passed for s in samples if s.id in ended)
+        return candidates, {"tasks": len(by_task), "claimed": len(ended), "claims_right": right}
+
     def candidates_for(tasks, adapter, gen):
         pair_id = run.pair(adapter_hash(adapter) if adapter else None).id
         params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, gen.number))
         samples = rollout(tasks, run.harness, run.backend, pair_id, params, adapter=str(adapter) if adapter else None)
         by_task = {t.id: t for t in tasks}
+        if run.harness.document.tools:
+            return claimed_episodes(samples, by_task)
         values = {s.id: p.value for s in samples if (p := parse(s.completion, **answer.params)).ok and not p.extra}
         votes: dict[str, Counter] = {}
         for s in samples:
@@ -155,15 +191,12 @@ def label_free_arm(run, rounds, out: Path) -> tuple[Path | None, list[dict]]:
 
 
 def upper_bound_arm(run, rounds, out: Path) -> tuple[Path | None, list[dict]]:
-    from rsi.parsers import digits_lsb
     from rsi.select import Candidate
 
-    width = run.harness.document.answer.params["width"]
-
     def candidates_for(tasks, adapter, gen):
-        candidates = [Candidate(trajectory_id=f"label-{t.id}", task_id=t.id, level=t.level,
-                                prompt=run.harness.prompt(t.payload), completion=digits_lsb(t.answer, width),
-                                passed=True) for t in tasks]
+        candidates = [Candidate(trajectory_id=f"label-{t.id}", task_id=t.id, level=t.level, prompt=prompt,
+                                completion=completion, turns=turns, passed=True)
+                      for t in tasks for prompt, completion, turns in [labelled(run, t)]]
         return candidates, {"tasks": len(tasks)}
 
     return train_chain(run, rounds, out, candidates_for)
@@ -233,11 +266,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--generations", type=int, default=8)
-    parser.add_argument("--profile", default="demo")
+    parser.add_argument("--family", default="addition", help="the task family (addition, or a tool family)")
+    parser.add_argument("--profile", default=None, help="default: the family's own profile, else demo")
     parser.add_argument("--out", default=str(REPO / "bench/results/improvement.json"))
     parser.add_argument("--resume", action="store_true",
                         help="keep the seeds already finished in --out's partial file (same profile and generations)")
     args = parser.parse_args()
+    from rsi.cycle import profile_for
+
+    args.profile = profile_for(args.profile, args.family)
+    if args.out == str(REPO / "bench/results/improvement.json") and args.family != "addition":
+        args.out = str(REPO / f"bench/results/improvement-{args.family}.json")
     partial = Path(args.out).with_suffix(".partial.json")
 
     root = Path(tempfile.mkdtemp(prefix="rsi-bench-improvement-"))

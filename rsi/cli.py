@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -626,6 +627,10 @@ def main() -> None:
     """Entry point of the ``rsi`` script."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # A SIGTERM (kill, a service manager) unwinds like Ctrl-C: finally blocks release the lineage's lease and
+    # atexit handlers stop what the command started (the embedded Prefect server, which a plain SIGTERM left
+    # running, orphaned). `rsi worker` installs its own handler.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         app()
     except RsiError as exc:

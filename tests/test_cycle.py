@@ -383,3 +383,49 @@ def test_one_generation_through_vllm(prefect_api, tiny_base, rsi_home) -> None:
         assert len(db.scalars(select(VerdictRow.id)).all()) == summaries[0]["trajectories"]
     store.dispose()
     assert not engine.status(rsi_home)["running"]
+
+
+def test_sigterm_to_rsi_run_stops_its_embedded_prefect_server(tiny_base: Path, rsi_home: Path) -> None:
+    """`kill <pid of rsi run>` unwinds the run: the embedded Prefect server it started does not outlive it
+    (before, a plain SIGTERM left the server running, orphaned)."""
+    seed_home(rsi_home, tiny_base)
+    proc = subprocess.Popen([sys.executable, "-m", "rsi", "run", "addition", "--profile", "tiny", "--generations", "1"],
+                            cwd=REPO, env=os.environ | {"RSI_HOME": str(rsi_home)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, servers = time.monotonic() + 300, []
+        while not servers and proc.poll() is None and time.monotonic() < deadline:
+            servers = [pid for pid in children(proc.pid) if b"prefect.server" in _cmdline(pid)]
+            time.sleep(0.5)
+        assert servers, "rsi run started no embedded Prefect server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while _cmdline(servers[0]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _cmdline(servers[0]), "the embedded Prefect server outlived rsi run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    """The process's command line; empty when it is gone or a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return b"" if state == "Z" else Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

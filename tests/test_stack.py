@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from .conftest import REPO
-from .test_cycle import seed_home
+from .test_cycle import children, seed_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # one real generation, scheduled
 SCREENSHOTS = Path(os.environ.get("RSI_TEST_OUTPUT", REPO / "test-output")) / "screenshots"
@@ -92,19 +92,6 @@ def test_stack_is_healthy_and_rsi_uses_it(served: Served) -> None:
     shown = json.loads(served.rsi("config", "show", "--json").stdout)
     assert shown["prefect_api_url"] == served.api
     assert shown["mlflow_tracking_uri"] == served.stack["mlflow_tracking_uri"]
-
-
-def children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
 
 
 def test_sigterm_to_rsi_worker_stops_its_prefect_worker(served: Served) -> None:
