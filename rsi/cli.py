@@ -358,15 +358,16 @@ def eval_cmd(
     from rsi.tasks import get_family
     from rsi.train import adapter_hash
 
-    config = load_config(profile_for(profile))
     wanted = parse_levels(levels)
     if split not in ("test", "heldout"):
         raise UserError(f"--split {split!r}: expected test or heldout (train tasks are what models learn from)")
-    harness = load_harness(config.harness)
-    if lineage is not None:  # the champion pair: its adapter under its own harness
+    harness = None
+    if lineage is not None:  # the champion pair: its adapter under its own harness, its family's profile
         if adapter is not None:
             raise UserError("pass --adapter or --lineage, not both")
         adapter, harness = champion_pair(lineage)
+    config = load_config(profile_for(profile, harness.document.family if harness else None))
+    harness = harness or load_harness(config.harness)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
     base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))

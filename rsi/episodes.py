@@ -23,7 +23,7 @@ import re
 from itertools import takewhile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from rsi.audit import parse_reply
@@ -105,7 +105,7 @@ def training_parts(messages: Sequence[Message]) -> tuple[str, str, tuple[tuple[s
     turns. An episode: its turns after the prompt as (text, trained) pieces without EOS (the trainer appends
     its tokenizer's EOS to each trained piece), and as completion their text joined (what makes two episodes
     of one task different)."""
-    prompt = [m for m in takewhile(lambda m: m.role in ("system", "user"), messages)]
+    prompt = list(takewhile(lambda m: m.role in ("system", "user"), messages))
     rest = messages[len(prompt):]
     text = "".join(m.content for m in prompt)
     if len(rest) == 1 and rest[0].role == "assistant" and not rest[0].tool_calls:
@@ -130,7 +130,6 @@ class _Episode:
     finish: str = "stop"
     done: bool = False
     steps: int = 0
-    calls: list[str] = field(default_factory=list)
 
 
 def run_episodes(tasks: Sequence[Task], harness: Harness, backend: GenerationBackend, pair_id: str,
