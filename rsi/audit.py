@@ -68,7 +68,7 @@ class Case:
             return None
         calls = [(c.id, c.name, c.arguments) for m in self.trajectory.messages if m.role == "assistant"
                  for c in m.tool_calls]
-        return replay(env, self.task.payload, {t.name: t.parameters for t in self.doc.tools}, calls)
+        return replay(env, self.task.payload, self.harness.tool_schemas, calls)
 
     def outcome(self) -> Any:
         """What the family's verifier judges: the parsed answer, or for a tool family the episode's final

@@ -63,22 +63,17 @@ def parse_call(harness: Harness, text: str) -> tuple[str, dict[str, Any]] | None
         values = json.loads(f"[{inner}]")
     except ValueError:
         return None
-    tool = next((t for t in harness.document.tools if t.name == name), None)
-    order = _properties(harness, name) if tool is not None else []
+    order = _properties(harness, name) if name in harness.tool_schemas else []
     if len(values) > len(order):  # positional values beyond the schema's properties: kept, so the schema fails
         return name, {**dict(zip(order, values)), **{f"_{i}": v for i, v in enumerate(values[len(order):])}}
     return name, dict(zip(order, values))
 
 
 def _properties(harness: Harness, name: str) -> list[str]:
-    tool = next((t for t in harness.document.tools if t.name == name), None)
-    if tool is None:
-        raise UserError(f"{harness.path}: no tool {name!r} (tools: {[t.name for t in harness.document.tools]})")
-    return list((tool.parameters.get("properties") or {}).keys())
-
-
-def schemas(harness: Harness) -> dict[str, dict[str, Any]]:
-    return {t.name: t.parameters for t in harness.document.tools}
+    schema = harness.tool_schemas.get(name)
+    if schema is None:
+        raise UserError(f"{harness.path}: no tool {name!r} (tools: {sorted(harness.tool_schemas)})")
+    return list(schema.get("properties") or {})
 
 
 # ---- transcripts ---------------------------------------------------------------------------------------
@@ -145,7 +140,7 @@ def run_episodes(tasks: Sequence[Task], harness: Harness, backend: GenerationBac
     for task, messages in zip(tasks, rendered, strict=True):
         prompt = [Message(role=role, content=content) for role, content in messages]
         for k in range(params.n):
-            session = Session(family.environment, task.payload, schemas(harness)) if doc.tools else None
+            session = Session(family.environment, task.payload, harness.tool_schemas) if doc.tools else None
             episodes.append(_Episode(task, k, list(prompt), session))
     if not episodes:
         return []
@@ -207,7 +202,7 @@ def demonstration(harness: Harness, family: TaskFamily, task: Task) -> Demonstra
     reply the harness's answer template writes. Raises ``UserError`` when the harness cannot play it or the final state fails the verifier."""
     if family.expert is None or family.environment is None:
         raise UserError(f"family {family.name!r} has no expert demonstrations (or no environment)")
-    session = Session(family.environment, task.payload, schemas(harness))
+    session = Session(family.environment, task.payload, harness.tool_schemas)
     messages = [Message(role=role, content=content) for role, content in harness.prompt_messages(task.payload)]
     for step, (name, arguments) in enumerate(family.expert(task.payload), start=1):
         text = render_call(harness, name, arguments)

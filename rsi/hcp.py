@@ -314,6 +314,11 @@ class Harness:
                 node.pop(field, None)
         return digest({"document": document, "templates": files})
 
+    @cached_property
+    def tool_schemas(self) -> dict[str, dict[str, Any]]:
+        """The JSON schema of each tool the harness exposes, by name (what the environment checks calls against)."""
+        return {t.name: t.parameters for t in self.document.tools}
+
     @property
     def contract_version(self) -> str:
         return self.document.contract.version

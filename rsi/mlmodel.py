@@ -116,7 +116,6 @@ class PairModel(mlflow.pyfunc.PythonModel):
         from rsi.tasks import DERIVED_SEED, get_family
 
         family = get_family(self.harness.document.family)
-        schemas = {t.name: t.parameters for t in self.harness.document.tools}
         tasks = []
         for i, payload in enumerate(payloads):
             try:
@@ -137,7 +136,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
             predictions.append({"turns": [m.content for m in trajectory.messages if m.role == "assistant"],
                                 "calls": len(calls), "completion": trajectory.completion,
                                 "answer": parsed.value if parsed.ok else None,
-                                "final_state": replay(family.environment, task.payload, schemas, calls).state,
+                                "final_state": replay(family.environment, task.payload, self.harness.tool_schemas, calls).state,
                                 "finish_reason": trajectory.finish_reason})
         return predictions
 

@@ -123,7 +123,7 @@ def edit_state(messages: list[Message], log: list[ToolRecord]) -> None:
 def extra_call(name: str, arguments: dict[str, Any]) -> Any:
     """An extra first call, logged and answered as the environment answers it (an error, state unchanged)."""
     def edit(messages: list[Message], log: list[ToolRecord]) -> None:
-        session = Session(SORTING.environment, SORT_TASK.payload, {t.name: t.parameters for t in SORT.document.tools})
+        session = Session(SORTING.environment, SORT_TASK.payload, SORT.tool_schemas)
         record = session.call("call_0", name, arguments)
         text = f"{name}({','.join(json.dumps(v) for v in arguments.values())})"
         messages[1:1] = [Message(role="assistant", content=text,

@@ -28,7 +28,7 @@ SORT = load_harness(REPO / "harness_versions/sorting/v1")
 SORTING = get_family("sorting")
 ADD = load_harness(REPO / "harness_versions/addition/v2")
 ADDITION = get_family("addition")
-SCHEMAS = {t.name: t.parameters for t in SORT.document.tools}
+SCHEMAS = SORT.tool_schemas
 
 
 class Scripted:
