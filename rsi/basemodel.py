@@ -58,6 +58,10 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         "the task family the base is pretrained on: 'addition' (its fixed-width text, the original recipe), or a "
         "tool family, whose expert demonstrations of train-split tasks are played as episodes under ``harness``"))
     harness: str | None = pydantic.Field(None, description="a tool family's harness (id or directory): the transcripts")
+    mistakes: float = pydantic.Field(0.0, ge=0.0, lt=1.0, description=(
+        "a tool family's demonstrations: the chance per turn that the expert makes a mistake it then recovers "
+        "from (noise injection, as in DART). Without it every level-n episode says 'done' after exactly n calls "
+        "and the base learns to count turns, not to look at the state"))
     width: int = 10
     train_levels: tuple[int, ...] = (1, 2, 3)
     level_weights: tuple[float, ...] = (1.0, 2.0, 4.0)  # sampling weights, hardest level most
@@ -101,7 +105,7 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         """First 16 hex chars of sha256 over the canonical JSON of the recipe plus FORMAT_VERSION."""
         data = self.model_dump(mode="json")
         if self.harness is None:  # fields added later: bases built before them keep their digest
-            del data["family"], data["harness"]
+            del data["family"], data["harness"], data["mistakes"]
         canon = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
 
@@ -219,7 +223,7 @@ def _pretraining_batches(r: BaseRecipe):
 def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]]]:
     """Per train level, the (input ids, labels) of the family's expert episodes of every distinct train-split
     task drawn (up to 4,096 a level): the transcript under the recipe's harness, the loss on the assistant turns
-    and their EOS only (``rsi.episodes.segments``)."""
+    and their EOS only (``rsi.episodes.segments``), not on the expert's mistakes (``BaseRecipe.mistakes``)."""
     from rsi.episodes import demonstration, segments
     from rsi.hcp import load_harness
     from rsi.tasks import get_family
@@ -230,7 +234,9 @@ def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]
         rows = []
         for task in family.tasks("train", r.seed, level, 4096):
             ids, labels = [BOS_ID], [-100]
-            for text, trained in segments(demonstration(harness, family, task).messages, EOS):
+            demo = demonstration(harness, family, task, r.mistakes)
+            for k, (text, trained) in enumerate(segments(demo.messages, EOS)):
+                trained = trained and k not in demo.mistaken
                 piece = tok(text, add_special_tokens=False)["input_ids"]
                 ids += piece
                 labels += piece if trained else [-100] * len(piece)

@@ -104,14 +104,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     "demo": {"base_recipe": {"seed": 2}, "target_level": 13,
              "curriculum": {"rule": "accelerated", "max_level": 16},
              "harness_search": {"every": 3, "space": {"chunk": [3, 4, 5]}}},
-    # the tool family: the base learns levels 1-2 from expert episodes (swap distance 1-2 of a list of 7); the
+    # the tool family: the base learns levels 1-2 (1-2 inversions in 7 digits) from expert episodes in which the
+    # expert errs and mends at times (else it learns to say "done" after two swaps, whatever the list); the
     # lineage climbs on its own audited episodes. No harness search: sorting has no harness proposer yet.
     "sorting": {"family": "sorting", "harness": "harness_versions/sorting/v1",
                 "base_recipe": {"family": "sorting", "harness": "sorting/v1", "train_levels": [1, 2],
-                                "level_weights": [1.0, 1.0], "steps": 600, "warmup": 50, "lr": 2e-3},
-                "curriculum": {"rule": "accelerated", "max_level": 6},
+                                "level_weights": [1.0, 1.0], "mistakes": 0.2, "steps": 600, "warmup": 50, "lr": 2e-3},
+                "curriculum": {"rule": "accelerated", "max_level": 12},
                 "harness_search": {"enabled": False},
-                "target_level": 5},
+                "target_level": 8},
     # a whole cycle in a minute or two of CPU: for tests and smoke runs, not for measuring improvement
     "tiny": {
         # partly able at levels 1-2 (greedy ~0.2-0.3), so a tiny generation has verified samples to learn from

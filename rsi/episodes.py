@@ -19,6 +19,7 @@ a trained episode is cut from (``segments``): the assistant turns and their EOS 
 from __future__ import annotations
 
 import json
+import random
 import re
 from itertools import takewhile
 import time
@@ -194,21 +195,28 @@ def _trajectory(e: _Episode, harness: Harness, pair_id: str, seed: int) -> Traje
 class Demonstration(NamedTuple):
     messages: list[Message]
     tool_log: list[ToolRecord]
+    mistaken: frozenset[int] = frozenset()  # indices of the messages that are the expert's mistakes
 
 
-def demonstration(harness: Harness, family: TaskFamily, task: Task) -> Demonstration:
+def demonstration(harness: Harness, family: TaskFamily, task: Task, mistakes: float = 0.0) -> Demonstration:
     """The family's expert solution of ``task`` as this harness's episode: each call written in the harness's
     syntax (and parsed back as the same call), run on the environment, its result rendered; then the final
-    reply the harness's answer template writes. Raises ``UserError`` when the harness cannot play it or the final state fails the verifier."""
+    reply the harness's answer template writes. With ``mistakes`` > 0 the expert errs at that rate per turn and
+    recovers (seeded by the task). Raises ``UserError`` when the harness cannot play it or the final state
+    fails the verifier."""
     if family.expert is None or family.environment is None:
         raise UserError(f"family {family.name!r} has no expert demonstrations (or no environment)")
     session = Session(family.environment, task.payload, harness.tool_schemas)
     messages = [Message(role=role, content=content) for role, content in harness.prompt_messages(task.payload)]
-    for step, (name, arguments) in enumerate(family.expert(task.payload), start=1):
+    mistaken = set()
+    for step, (name, arguments, mistake) in enumerate(family.expert(task.payload, mistakes,
+                                                                    random.Random(f"mistakes:{task.id}")), start=1):
         text = render_call(harness, name, arguments)
         if parse_call(harness, text) != (name, arguments):
             raise UserError(f"the call {text!r} does not parse back as {name}{arguments}")
         call_id = f"call_{step}"
+        if mistake:
+            mistaken.add(len(messages))
         messages.append(Message(role="assistant", content=text,
                                 tool_calls=(ToolCall(id=call_id, name=name, arguments=arguments),)))
         record = session.call(call_id, name, arguments)
@@ -221,4 +229,4 @@ def demonstration(harness: Harness, family: TaskFamily, task: Task) -> Demonstra
     parsed = parse_reply(final, harness.document.answer)
     if not parsed.ok or not family.verify(task, {"state": session.state, "answer": parsed.value}):
         raise UserError(f"the expert's episode ends in a state the verifier rejects: {session.state}")
-    return Demonstration(messages, session.records)
+    return Demonstration(messages, session.records, frozenset(mistaken))

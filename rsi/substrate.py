@@ -26,7 +26,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 
@@ -60,6 +60,15 @@ class Context:
 
 
 ToolFn = Callable[[Any, dict[str, Any], Context], tuple[Any, Any]]  # (state, arguments, ctx) -> (state, result)
+
+
+class Call(NamedTuple):
+    """A tool call of an expert demonstration; ``mistake``: a wrong call the demonstration then mends (not a
+    thing to imitate: the base is not trained on it)."""
+
+    name: str
+    arguments: dict[str, Any]
+    mistake: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 from rsi.errors import UserError
 from rsi.hashing import digest
 from rsi.models import SPLITS, Split, Task
-from rsi.substrate import Environment
+from rsi.substrate import Call, Environment
 
 GROUP = "rsi.task_generators"
 # Shares of the task space; heldout decides (curriculum, gate), test only reports.
@@ -66,8 +66,9 @@ class TaskFamily:
     # A tool-using family: the state its tasks act on and its tools (``rsi.substrate``). Its ``verify`` then
     # gets the episode's outcome, ``{"state": final state, "answer": parsed final reply}``.
     environment: Environment | None = None
-    # A demonstration: the tool calls that solve a payload (the base model's pretraining episodes).
-    expert: Callable[[dict[str, Any]], list[tuple[str, dict[str, Any]]]] | None = None
+    # A demonstration: the tool calls that solve a payload (the base model's pretraining episodes); called as
+    # expert(payload, mistakes, rng): with mistakes > 0, at that rate per turn a wrong call the later ones mend.
+    expert: Callable[[dict[str, Any], float, random.Random], list[Call]] | None = None
 
     def split_of(self, payload: dict[str, Any]) -> Split:
         return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)

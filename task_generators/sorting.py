@@ -1,10 +1,12 @@
-"""Sorting by swaps: a tool-using family. The model gets a shuffled list of the digits 0..N-1 and sorts it by
-calling ``swap(i, j)``, which exchanges the items at positions i and j and returns the new list; it says it is
-done with a final reply. The family verifies the final state (the list is sorted); the swaps it took do not
-matter, as long as the harness's step limit allows them.
+"""Sorting by adjacent swaps: a tool-using family. The model gets a list of digits and sorts it by calling
+``swap(i)``, which exchanges the items at positions i and i+1 and returns the new list; it says it is done with a
+final reply. The family verifies the final state (the list is sorted); the swaps it took do not matter, as long
+as the harness's step limit allows them.
 
-Level n: the list is exactly n swaps away from sorted (n = N minus its number of cycles), so an episode needs
-at least n tool calls. The list is drawn by n swaps from the sorted list, each joining two cycles.
+Level n: the list holds n inversions (pairs out of order), so an episode needs exactly n swaps at least, and every
+swap of a neighbouring pair out of order is one of the fewest. What a turn asks stays the same at every level —
+find two neighbours out of order — while the episode grows one call per level: the base learns the turn on
+levels 1-2 and the lineage learns to keep it up for longer.
 """
 
 from __future__ import annotations
@@ -13,39 +15,34 @@ import random
 from typing import Any
 
 from rsi.models import Task
-from rsi.substrate import Context, Environment, ToolError
+from rsi.substrate import Call, Context, Environment, ToolError
 from rsi.tasks import TaskFamily
 
-N = 7  # list length: levels 1..N-1
+N = 7  # list length
+MAX_LEVEL = 12  # inversions; a level-12 episode's transcript is 206 tokens of the built-in model's 256
 
 
-def distance(items: list[int]) -> int:
-    """Fewest swaps that sort ``items`` (a permutation of 0..len-1): its length minus its cycles."""
-    seen, cycles = set(), 0
-    for start in range(len(items)):
-        if start not in seen:
-            cycles += 1
-            k = start
-            while k not in seen:
-                seen.add(k)
-                k = items[k]
-    return len(items) - cycles
+def inversions(items: list[int]) -> int:
+    """Pairs out of order: the adjacent swaps that sort ``items``, fewest."""
+    return sum(a > b for k, a in enumerate(items) for b in items[k + 1:])
 
 
 def make(rng: random.Random, level: int) -> tuple[dict[str, Any], list[int]]:
-    items = list(range(N))
-    for _ in range(level):  # swapping two items of different cycles joins them: one swap further from sorted
-        while True:
-            i, j = rng.sample(range(N), 2)
-            if distance(_swapped(items, i, j)) > distance(items):
-                break
-        items = _swapped(items, i, j)
-    return {"items": items}, sorted(items)
+    """A sorted draw of N digits, then ``level`` swaps of neighbours in order: each adds one inversion."""
+    while True:
+        items = sorted(rng.choices(range(10), k=N))
+        for _ in range(level):
+            rising = [k for k in range(N - 1) if items[k] < items[k + 1]]
+            if not rising:
+                break  # too many repeated digits for this many inversions: draw again
+            items = _swapped(items, rng.choice(rising))
+        else:
+            return {"items": items}, sorted(items)
 
 
-def _swapped(items: list[int], i: int, j: int) -> list[int]:
+def _swapped(items: list[int], i: int) -> list[int]:
     items = list(items)
-    items[i], items[j] = items[j], items[i]
+    items[i], items[i + 1] = items[i + 1], items[i]
     return items
 
 
@@ -54,11 +51,11 @@ def init(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def swap(state: dict[str, Any], arguments: dict[str, Any], ctx: Context) -> tuple[dict[str, Any], str]:
-    """Exchange the items at positions i and j; the result is the new list, as the prompt writes it."""
-    items, i, j = state["items"], arguments["i"], arguments["j"]
-    if not (0 <= i < len(items) and 0 <= j < len(items)):
-        raise ToolError(f"positions are 0..{len(items) - 1}, got {i} and {j}")
-    state["items"] = _swapped(items, i, j)
+    """Exchange the items at positions i and i+1; the result is the new list, as the prompt writes it."""
+    items, i = state["items"], arguments["i"]
+    if not 0 <= i < len(items) - 1:
+        raise ToolError(f"i is a position 0..{len(items) - 2} (it swaps i and i+1), got {i}")
+    state["items"] = _swapped(items, i)
     return state, "".join(map(str, state["items"]))
 
 
@@ -69,28 +66,38 @@ def verify(task: Task, outcome: Any) -> bool:
 
 
 def level_of(payload: dict[str, Any]) -> int:
-    return distance(payload["items"])
+    return inversions(payload["items"])
 
 
-def expert(payload: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """A shortest sorting, as tool calls: put the smallest misplaced value in place, one swap each."""
-    items, calls = list(payload["items"]), []
-    for i in range(len(items)):
-        if items[i] != i:
-            j = items.index(i)
-            items = _swapped(items, i, j)
-            calls.append(("swap", {"i": i, "j": j}))
-    return calls
+MAX_MISTAKES = 2  # per demonstration: a level-n episode stays within n + 4 swaps
+
+
+def expert(payload: dict[str, Any], mistakes: float = 0.0, rng: random.Random | None = None) -> list[Call]:
+    """A sorting, as tool calls: swap the first neighbours out of order, until none are (a shortest one).
+    With ``mistakes``, at that rate a turn instead swaps two neighbours in order (one more inversion to mend),
+    at most MAX_MISTAKES times, even when the list is already sorted."""
+    items, calls, made = list(payload["items"]), [], 0
+    while True:
+        rising = [k for k in range(N - 1) if items[k] < items[k + 1]]
+        descents = [k for k in range(N - 1) if items[k] > items[k + 1]]
+        if mistakes and made < MAX_MISTAKES and rising and rng.random() < mistakes:
+            calls.append(Call("swap", {"i": (k := rng.choice(rising))}, mistake=True))
+            made += 1
+        elif descents:
+            calls.append(Call("swap", {"i": (k := descents[0])}))
+        else:
+            return calls
+        items = _swapped(items, k)
 
 
 family = TaskFamily(
     name="sorting",
-    version="1",
-    description=f"Sort a shuffled list of 0..{N - 1} with swap(i, j) tool calls; level n = n swaps from sorted.",
+    version="2",
+    description=f"Sort {N} digits with swap(i) tool calls (neighbours i, i+1); level n = n inversions.",
     make=make,
     verify=verify,
     min_level=1,
-    max_level=N - 1,
+    max_level=MAX_LEVEL,
     level_of=level_of,
     environment=Environment(init=init, tools={"swap": swap}),
     expert=expert,

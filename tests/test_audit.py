@@ -205,7 +205,7 @@ CASES = {
                           tool_calls=(ToolCall(id="c1", name="shell", arguments={"cmd": "ls"}),)))),
                          TASK, FULL, ["messages_allowed", "tools_allowed", "results_replayed"]),
     "tool-not-exposed": (sort_episode(extra_call("shuffle", {})), SORT_TASK, SORT, ["tools_allowed"]),
-    "tool-arguments-outside-schema": (sort_episode(extra_call("swap", {"i": 0, "j": 9})), SORT_TASK, SORT,
+    "tool-arguments-outside-schema": (sort_episode(extra_call("swap", {"i": 9})), SORT_TASK, SORT,
                                       ["tools_allowed"]),
     # results_replayed, states_replayed (the auditor replays the calls on the family's environment)
     "forged-tool-result": (sort_episode(forge_result), SORT_TASK, SORT, ["results_replayed"]),

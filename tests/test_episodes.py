@@ -57,7 +57,7 @@ def last_list(prompt: str) -> list[int]:
 
 def expert_policy(prompt: str, k: int) -> str:
     calls = SORTING.expert({"items": last_list(prompt)})
-    return render_call(SORT, *calls[0]) if calls else "done"
+    return render_call(SORT, calls[0].name, calls[0].arguments) if calls else "done"
 
 
 # ---- the substrate ------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def expert_policy(prompt: str, k: int) -> str:
 
 def test_tools_are_deterministic_and_a_replay_reproduces_the_log() -> None:
     payload = SORTING.task("train", 0, 4, 0).payload
-    calls = [(f"c{n}", "swap", {"i": i, "j": j}) for n, (i, j) in enumerate([(0, 1), (2, 5), (0, 1)])]
+    calls = [(f"c{n}", "swap", {"i": i}) for n, i in enumerate([0, 2, 0])]
     first, second = replay(SORTING.environment, payload, SCHEMAS, calls), replay(SORTING.environment, payload,
                                                                                   SCHEMAS, calls)
     assert first.records == second.records and len(first.records) == 3
@@ -78,7 +78,7 @@ def test_wrong_calls_are_answered_with_errors_and_change_nothing() -> None:
     session = Session(SORTING.environment, {"items": [1, 0, 2, 3, 4, 5, 6]}, SCHEMAS)
     before = session.hash
     unknown = session.call("a", "shuffle", {})
-    outside = session.call("b", "swap", {"i": 0, "j": 9})
+    outside = session.call("b", "swap", {"i": 9})
     assert unknown.result.startswith("error: no tool 'shuffle'") and outside.result.startswith("error: arguments")
     assert session.hash == before == unknown.state_after == outside.state_after
 
@@ -135,11 +135,11 @@ def test_a_refusing_tool_leaves_the_state() -> None:
 
 
 def test_call_syntax_round_trips_and_non_calls_are_final_replies() -> None:
-    assert render_call(SORT, "swap", {"i": 2, "j": 5}) == "swap(2,5)"
-    assert parse_call(SORT, "swap(2,5)") == ("swap", {"i": 2, "j": 5})
-    assert parse_call(SORT, "swap(2,5,1)") == ("swap", {"i": 2, "j": 5, "_0": 1})  # extra value kept: schema fails
+    assert render_call(SORT, "swap", {"i": 2}) == "swap(2)"
+    assert parse_call(SORT, "swap(2)") == ("swap", {"i": 2})
+    assert parse_call(SORT, "swap(2,5)") == ("swap", {"i": 2, "_0": 5})  # extra value kept: the schema fails it
     assert parse_call(SORT, "shuffle()") == ("shuffle", {})  # an unknown tool is still a call
-    for final in ("done", "swap(2,", "swap(a,b)", ""):
+    for final in ("done", "swap(2", "swap(a)", ""):
         assert parse_call(SORT, final) is None
 
 
@@ -158,7 +158,7 @@ def test_episodes_play_tool_calls_and_pass_the_audit() -> None:
 
 def test_an_episode_ends_at_the_step_limit_and_fails_the_audit() -> None:
     task = SORTING.task("train", 0, 2, 0)
-    trajectory = run_episodes([task], SORT, Scripted(lambda p, k: "swap(0,0)"), "pair-x",
+    trajectory = run_episodes([task], SORT, Scripted(lambda p, k: "swap(0)"), "pair-x",
                               SamplingParams(max_new_tokens=10))[0]
     assert sum(m.role == "assistant" for m in trajectory.messages) == SORT.document.limits.max_steps
     assert trajectory.messages[-1].role == "tool"
@@ -194,6 +194,25 @@ def test_segments_mark_the_assistant_turns_for_training() -> None:
     assert pieces[1][0].endswith("<eos>") and pieces[-1][0] == "done<eos>"
 
 
+def test_demonstrations_with_mistakes_mend_them_and_the_base_trains_on_the_mends_only() -> None:
+    from rsi.basemodel import BaseRecipe, _demonstrations, build_tokenizer
+
+    tasks = SORTING.tasks("train", 0, 2, 64)
+    demos = [demonstration(SORT, SORTING, task, 0.3) for task in tasks]
+    assert 10 < sum(bool(d.mistaken) for d in demos) < 64
+    for demo in demos:  # each mistake is one more inversion to mend: two more calls; every episode ends sorted
+        assert sum(m.role == "assistant" for m in demo.messages) == 1 + 2 + 2 * len(demo.mistaken)
+        assert all(demo.messages[k].tool_calls for k in demo.mistaken)
+    assert demonstration(SORT, SORTING, tasks[0], 0.3) == demos[0]  # seeded by the task
+    recipe = BaseRecipe(family="sorting", harness="sorting/v1", train_levels=(2,), level_weights=(1.0,), mistakes=0.3)
+    tok, rows = build_tokenizer(), _demonstrations(recipe)[2]
+    trained = [tok.decode([t for t in labels if t != -100]) for _, labels in rows]
+    mended = [d for d in demos if d.mistaken][0]
+    row = next(k for k, task in enumerate(SORTING.tasks("train", 0, 2, 4096)) if task.id == tasks[demos.index(mended)].id)
+    assert trained[row] == "".join(m.content + "<eos>" for k, m in enumerate(mended.messages)
+                                   if m.role == "assistant" and k not in mended.mistaken)
+
+
 def test_rsi_audit_names_the_rule_each_forged_episode_breaks(tmp_path: Any) -> None:
     """``rsi audit --file`` on a genuine episode and one forged episode of each kind."""
     from rsi.audit import AuditRecord
@@ -203,7 +222,7 @@ def test_rsi_audit_names_the_rule_each_forged_episode_breaks(tmp_path: Any) -> N
 
     episodes = {"genuine": sort_episode(), "forged tool result": sort_episode(forge_result),
                 "edited state": sort_episode(edit_state), "tool not exposed": sort_episode(extra_call("shuffle", {})),
-                "arguments outside the schema": sort_episode(extra_call("swap", {"i": 0, "j": 9}))}
+                "arguments outside the schema": sort_episode(extra_call("swap", {"i": 9}))}
     path = tmp_path / "episodes.jsonl"
     path.write_text("".join(AuditRecord(trajectory=t, task=SORT_TASK).model_dump_json() + "\n"
                             for t in episodes.values()))
