@@ -309,15 +309,16 @@ def _reaudit(lineage: str, harness, as_json: bool) -> None:
 
 
 @base_app.command("build")
-def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached")) -> None:
+def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached"),
+               sets: list[str] = SETS) -> None:
     """Train the tiny built-in base model on the lowest levels (cached by a hash of its recipe)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from rsi.basemodel import BaseRecipe, base_report, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config, profile_for
+    from rsi.cycle import load_config, parse_sets, profile_for
 
-    recipe = BaseRecipe(**load_config(profile_for(profile)).base_recipe)
+    recipe = BaseRecipe(**load_config(profile_for(profile), **parse_sets(sets)).base_recipe)
     columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=out, transient=True) as bar:

@@ -109,7 +109,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # lineage climbs on its own audited episodes. No harness search: sorting has no harness proposer yet.
     "sorting": {"family": "sorting", "harness": "harness_versions/sorting/v1",
                 "base_recipe": {"family": "sorting", "harness": "sorting/v1", "train_levels": [1, 2],
-                                "level_weights": [1.0, 1.0], "mistakes": 0.2, "steps": 600, "warmup": 50, "lr": 2e-3},
+                                "level_weights": [1.0, 1.0], "mistakes": 0.35, "steps": 600, "warmup": 50, "lr": 2e-3},
                 "curriculum": {"rule": "accelerated", "max_level": 12},
                 "harness_search": {"enabled": False},
                 "target_level": 8},
