@@ -436,10 +436,12 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import latest_harness, load_config, parse_sets, profile_for
+    from rsi.cycle import PROFILES, latest_harness, load_config, parse_sets, profile_for
 
+    # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
+    harness = harness or (None if "harness" in PROFILES.get(profile or "", {}) else latest_harness(family))
     config = load_config(profile_for(profile, family), **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
-                                     "harness": harness or latest_harness(family), "backend": backend,
+                                     "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
     from flows.cycle import run_lineage
