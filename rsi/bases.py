@@ -55,15 +55,27 @@ def base_path(base: str, folder: Path) -> Path | None:
     return path.resolve()
 
 
+def _package_spec(base: str):
+    """The import spec of the package a ``package:`` base names (None when it is not installed), found without
+    importing it."""
+    package = base[len(PACKAGE):].partition("/")[0]
+    try:
+        spec = importlib.util.find_spec(package) if package else None
+    except (ImportError, ValueError):
+        return None
+    return spec if spec is not None and spec.submodule_search_locations else None
+
+
+def package_installed(base: str) -> bool:
+    return _package_spec(base) is not None
+
+
 def _package_file(base: str) -> Path:
     package, _, name = base[len(PACKAGE):].partition("/")
     if not package or not name:
         raise UserError(f"model.base {base!r}: expected '{PACKAGE}<python package>/<file inside it>'")
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+    spec = _package_spec(base)
+    if spec is None:
         raise UserError(f"model.base {base!r}: no installed Python package {package!r}; install it (for the "
                         f"shipped SmolLM2 harness: {SMOLLM2_INSTALL})")
     file = Path(next(iter(spec.submodule_search_locations))) / name

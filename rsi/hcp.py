@@ -515,14 +515,20 @@ def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     return source
 
 
-def _check_model_base(path: Path, doc: HCPDocument) -> None:
-    """The base exists (a GGUF file is converted only when a model is needed, not here)."""
-    from rsi.bases import base_path
+def _check_model_base(path: Path, doc: HCPDocument) -> tuple[str, ...]:
+    """The base exists (a GGUF file is converted only when a model is needed, not here). A base in a package that
+    is not installed is a warning: the document is sound, the model an optional install (the error comes when
+    the model is needed)."""
+    from rsi.bases import PACKAGE, base_path, package_installed
 
+    base = doc.model.base
     try:
-        base_path(doc.model.base, path.parent)
+        base_path(base, path.parent)
     except UserError as exc:
+        if base.startswith(PACKAGE) and not package_installed(base):
+            return (f"{path}: field 'model.base': {exc}",)
         raise UserError(f"{path}: field 'model.base': {exc}") from None
+    return ()
 
 
 def _render_failure(harness: Harness, task: Task) -> TemplateRenderError | None:
@@ -629,9 +635,9 @@ def load_harness(path: str | Path) -> Harness:
         sources[doc.answer.template] = _check_template(file, "answer.template", doc.answer.template, doc)
     if doc.prompt.tool_template is not None:
         sources[doc.prompt.tool_template] = _check_template(file, "tool_template", doc.prompt.tool_template, doc)
-    _check_model_base(file, doc)
+    warnings = _check_model_base(file, doc)
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
-    warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
+    warnings += (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
     harness = Harness(file, doc, sources, warnings)
     _check_renders(file, harness)
     if doc.plan is not None:

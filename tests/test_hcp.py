@@ -28,6 +28,14 @@ def test_every_shipped_document_is_valid(path: Path) -> None:
     assert len(harness.hash) == 64
 
 
+def test_a_base_in_a_package_not_installed_is_a_warning_until_the_model_is_needed(doc2: Path) -> None:
+    edit(doc2, 'base = "builtin"', 'base = "package:rsi_no_such_package/model.gguf"')
+    harness = load_harness(doc2)  # an optional install (the smollm2 extra), not a broken document
+    assert any("no installed Python package 'rsi_no_such_package'" in w for w in harness.warnings)
+    with pytest.raises(UserError, match="no installed Python package 'rsi_no_such_package'; install it"):
+        harness.base_model_dir()
+
+
 def test_shipped_documents_exist() -> None:
     assert any(p.parent.parent.name == "addition" for p in SHIPPED)
 
@@ -221,9 +229,9 @@ def _missing_gguf(doc: Path) -> tuple[Path, str]:
     return doc / "hcp.toml", "no GGUF file at"
 
 
-def _missing_package(doc: Path) -> tuple[Path, str]:
-    edit(doc, 'base = "builtin"', 'base = "package:rsi_no_such_package/model.gguf"')
-    return doc / "hcp.toml", "no installed Python package 'rsi_no_such_package'"
+def _missing_file_in_package(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'base = "builtin"', 'base = "package:rsi/no_such_model.gguf"')
+    return doc / "hcp.toml", "holds no file 'no_such_model.gguf'"
 
 
 def _missing_model_dir(doc: Path) -> tuple[Path, str]:
@@ -245,7 +253,7 @@ BAD = {
     "missing_required_rule": (_missing_required_rule, "contract.rules"),
     "chat_mode_plan": (_chat_mode_plan, "plan"),
     "missing_gguf": (_missing_gguf, "model.base"),
-    "missing_package": (_missing_package, "model.base"),
+    "missing_file_in_package": (_missing_file_in_package, "model.base"),
     "missing_model_dir": (_missing_model_dir, "model.base"),
 }
 
