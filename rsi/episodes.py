@@ -184,12 +184,13 @@ def run_episodes(tasks: Sequence[Task], harness: Harness, backend: GenerationBac
             episodes.append(_Episode(task, k, list(prompt), session))
     if not episodes:
         return []
-    if harness.chat:  # the messages themselves, through the model's chat template
-        step = lambda convs, p: backend.chat(convs, harness.chat_tools, p, adapter=adapter)  # noqa: E731
-        first = step([episodes[i * params.n].messages for i in range(len(tasks))], params)
-    else:
-        step = lambda convs, p: backend.generate([transcript(m, eos) for m in convs], p, adapter=adapter)  # noqa: E731
-        first = backend.generate(["".join(content for _, content in m) for m in rendered], params, adapter=adapter)
+
+    def step(conversations: list[list[Message]], p: SamplingParams) -> list[list[Completion]]:
+        if harness.chat:  # the messages themselves, through the model's chat template
+            return backend.chat(conversations, harness.chat_tools, p, adapter=adapter)
+        return backend.generate([transcript(m, eos) for m in conversations], p, adapter=adapter)
+
+    first = step([episodes[i * params.n].messages for i in range(len(tasks))], params)  # each task's prompt, n samples
     for episode, completion in zip(episodes, [c for samples in first for c in samples], strict=True):
         episode.prompt_tokens = completion.prompt_tokens
         _take_turn(episode, completion, harness)
