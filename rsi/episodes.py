@@ -14,6 +14,11 @@ seeds a row from its text, so a sample's path is a function of its own history).
 Completion mode (the built-in model): the model reads the transcript as one text, the prompt messages' contents
 then each assistant turn followed by the tokenizer's EOS and each tool message's content. That is also the text
 a trained episode is cut from (``segments``): the assistant turns and their EOS are what the loss sees.
+
+Chat mode (``prompt.mode = "chat"``, a Hugging Face base with a chat template): the backend's ``chat`` gets the
+messages and the harness's tools, the model's chat template writes the text (``rsi.chat``), and a turn's tool
+calls are the ones the backend read in the model's own format. Training cuts the same template's text
+(``ChatFormat.segments``): the loss sees the assistant turns and the EOS that ends each.
 """
 
 from __future__ import annotations
