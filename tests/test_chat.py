@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rsi.audit import audit  # noqa: E402
-from rsi.backends.base import SamplingParams  # noqa: E402
+from rsi.backends.base import Completion, SamplingParams  # noqa: E402
 from rsi.backends.hf import HFBackend  # noqa: E402
 from rsi.chat import parse_tool_calls, render  # noqa: E402
 from rsi.episodes import chat_format, training_parts  # noqa: E402
@@ -209,3 +209,40 @@ def test_the_smollm2_profile_runs_the_chat_harness() -> None:
     config = load_config("smollm2")
     harness = load_harness(config.harness)
     assert harness.chat and harness.id == "addition/smollm2-v1" and not config.harness_search.enabled
+
+
+class ScriptedChatBackend:
+    """A fake backend, named as such: it scripts a tool call, then 'done', to test the episode runner's logic
+    around chat replies (the real chat path is tested on the tiny model above)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[list[Message]], list[dict]]] = []
+
+    def chat(self, conversations, tools, params, adapter=None):
+        self.calls.append(([list(c) for c in conversations], list(tools)))
+        call = ToolCall(id="call_0", name="swap", arguments={"i": 0, "j": 1})
+        replies = [Completion(text='<tool_call>{"name": "swap", "arguments": {"i": 0, "j": 1}}</tool_call>',
+                              tool_calls=(call,), prompt_tokens=5, completion_tokens=3, finish_reason="stop")
+                   if not any(m.role == "assistant" for m in c) else
+                   Completion(text="done", prompt_tokens=5, completion_tokens=2, finish_reason="stop") for c in conversations]
+        return [[r] * params.n for r in replies]
+
+
+def test_chat_episodes_run_the_tool_calls_the_backend_reads(chat_model: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "sort"
+    shutil.copytree(REPO / "harness_versions/sorting/v1", folder)
+    text = (folder / "hcp.toml").read_text()
+    text = text.replace('mode = "completion"', 'mode = "chat"').replace('[tool_calls]\nsyntax = "python"\n', "")
+    (folder / "hcp.toml").write_text(text.replace('base = "builtin"', f'base = "{chat_model}"'))
+    harness = load_harness(folder)
+    family = get_family("sorting")
+    task = family.tasks("test", 0, 1, 1)[0]
+    backend = ScriptedChatBackend()
+    (t,) = rollout([task], harness, backend, "pair", sampling_params(harness, seed=0, greedy=True))
+    assert [m.role for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    assert t.messages[1].tool_calls[0].name == "swap" and t.messages[2].tool_call_id == t.messages[1].tool_calls[0].id
+    assert len(t.tool_log) == 1 and backend.calls[0][1] == harness.chat_tools
+    assert backend.calls[1][0][0][2] == t.messages[2]  # the second turn read the tool's result
+    rules = {r.rule: r for r in audit(t, task, harness, family).rules}
+    for rule in ("prompt_rendered", "messages_allowed", "tools_allowed", "results_replayed", "states_replayed"):
+        assert rules[rule].passed, rules[rule].detail
