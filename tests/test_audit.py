@@ -98,7 +98,7 @@ def episode(*turns: Message, harness: Harness = TOOLS) -> Trajectory:
 def sort_episode(edit: Any = None) -> Trajectory:
     """The sorting family's demonstration of SORT_TASK as a recorded episode (token counts as the hf backend
     reports them), after ``edit(messages, tool_log)`` changes it in place."""
-    messages, log = demonstration(SORT, SORTING, SORT_TASK)
+    messages, log, _ = demonstration(SORT, SORTING, SORT_TASK)
     if edit is not None:
         edit(messages, log)
     replies = [m.content for m in messages if m.role == "assistant"]

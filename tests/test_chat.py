@@ -220,8 +220,8 @@ class ScriptedChatBackend:
 
     def chat(self, conversations, tools, params, adapter=None):
         self.calls.append(([list(c) for c in conversations], list(tools)))
-        call = ToolCall(id="call_0", name="swap", arguments={"i": 0, "j": 1})
-        replies = [Completion(text='<tool_call>{"name": "swap", "arguments": {"i": 0, "j": 1}}</tool_call>',
+        call = ToolCall(id="call_0", name="swap", arguments={"i": 0})
+        replies = [Completion(text='<tool_call>{"name": "swap", "arguments": {"i": 0}}</tool_call>',
                               tool_calls=(call,), prompt_tokens=5, completion_tokens=3, finish_reason="stop")
                    if not any(m.role == "assistant" for m in c) else
                    Completion(text="done", prompt_tokens=5, completion_tokens=2, finish_reason="stop") for c in conversations]
