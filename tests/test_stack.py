@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # one real generatio
 SCREENSHOTS = Path(os.environ.get("RSI_TEST_OUTPUT", REPO / "test-output")) / "screenshots"
 # the tiny profile with enough training and held-out tasks that generation 1 is promoted on seed 0 (test_cycle's
 # PROMOTING), so the registry has a champion alias to show
-PROMOTING = ["train.steps=120", "train.batch_size=32", "train.warmup=4", "eval_n=256", "curriculum.rule=accelerated",
+PROMOTING = ["train.steps=120", "train.batch_size=32", "train.warmup=4", "eval_n=256", "gate.margin=0.1",
+             "curriculum.rule=accelerated",
              "curriculum.tasks_per_level=128", "curriculum.lookahead_tasks=32"]
 
 
