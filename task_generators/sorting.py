@@ -32,12 +32,18 @@ def make(rng: random.Random, level: int) -> tuple[dict[str, Any], list[int]]:
     while True:
         items = sorted(rng.choices(range(10), k=N))
         for _ in range(level):
-            rising = [k for k in range(N - 1) if items[k] < items[k + 1]]
+            rising = _neighbours(items, out_of_order=False)
             if not rising:
                 break  # too many repeated digits for this many inversions: draw again
             items = _swapped(items, rng.choice(rising))
         else:
             return {"items": items}, sorted(items)
+
+
+def _neighbours(items: list[int], out_of_order: bool) -> list[int]:
+    """Positions k whose pair (k, k+1) is out of order (a swap there removes an inversion), or strictly in order
+    (a swap there adds one); equal neighbours are neither."""
+    return [k for k in range(len(items) - 1) if (items[k] > items[k + 1] if out_of_order else items[k] < items[k + 1])]
 
 
 def _swapped(items: list[int], i: int) -> list[int]:
@@ -78,8 +84,7 @@ def expert(payload: dict[str, Any], mistakes: float = 0.0, rng: random.Random | 
     at most MAX_MISTAKES times, even when the list is already sorted."""
     items, calls, made = list(payload["items"]), [], 0
     while True:
-        rising = [k for k in range(N - 1) if items[k] < items[k + 1]]
-        descents = [k for k in range(N - 1) if items[k] > items[k + 1]]
+        rising, descents = _neighbours(items, out_of_order=False), _neighbours(items, out_of_order=True)
         if mistakes and made < MAX_MISTAKES and rising and rng.random() < mistakes:
             calls.append(Call("swap", {"i": (k := rng.choice(rising))}, mistake=True))
             made += 1
