@@ -10,7 +10,8 @@ judge (a parser or template that raises, a missing tokenizer, anything) fails wi
 
 Token accounting (what executors must record, what the ``hf`` backend reports): ``tokens.prompt`` counts
 the prompt text -- the leading system and user messages' contents, concatenated -- as a prompt (with
-``<bos>``); ``tokens.completion`` counts every assistant message's text, plus one EOS for each turn before
+``<bos>``); in chat mode, the chat template's text of those messages with the harness's tools and the
+assistant's turn opened (``rsi.chat.render``, as the backend sends it); ``tokens.completion`` counts every assistant message's text, plus one EOS for each turn before
 the last, plus the last turn's ending: one EOS, or the stop string that ended it (generated, then cut from
 the text by the backend), or nothing when cut by length.
 """
@@ -89,11 +90,15 @@ def prompt_roles(doc: HCPDocument) -> tuple[str, ...]:
     return ("system", "user") if doc.prompt.system_template is not None else ("user",)
 
 
+def prompt_messages(trajectory: Trajectory) -> list[Message]:
+    """The leading system and user messages: what the model was given before it first replied."""
+    return list(takewhile(lambda m: m.role in ("system", "user"), trajectory.messages))
+
+
 def prompt_text(trajectory: Trajectory) -> str:
     """What the model was given before it replied: the contents of the leading system and user messages,
     concatenated (completion mode)."""
-    prompt = takewhile(lambda m: m.role in ("system", "user"), trajectory.messages)
-    return "".join(m.content for m in prompt)
+    return "".join(m.content for m in prompt_messages(trajectory))
 
 
 def ids_consistent(case: Case) -> RuleResult:
@@ -244,7 +249,8 @@ def limits(case: Case) -> RuleResult:
         problems.append(f"{steps} assistant steps > max_steps {lim.max_steps}")
     if steps == 0:
         problems.append("no assistant message")
-    prompt = case.counter.prompt(prompt_text(t))
+    prompt = (case.counter.chat_prompt(prompt_messages(t), case.harness.chat_tools) if case.harness.chat
+              else case.counter.prompt(prompt_text(t)))
     if t.tokens.prompt != prompt:
         problems.append(f"recorded {t.tokens.prompt} prompt tokens, counted {prompt}")
     if prompt > lim.max_prompt_tokens:

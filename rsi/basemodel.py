@@ -45,6 +45,7 @@ RECIPE_FILE = "rsi_recipe.json"
 MODEL_FILES: tuple[str, ...] = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
 )
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a Hugging Face base's chat template (the built-in model has none)
 _EVAL_STREAM = 0x5EED_E7A1  # eval tasks come from a seed stream disjoint from training's
 _TRAIN_STREAM = 0x7EA1_0001
 
@@ -504,7 +505,8 @@ def model_hash(model_dir: Path) -> str:
     """Identity of a saved base: weights, config and tokenizer files (not the build report, which has timings)."""
     from rsi.hashing import digest_bytes
 
-    return digest_bytes([(name, (Path(model_dir) / name).read_bytes()) for name in MODEL_FILES])
+    files = [Path(model_dir) / name for name in (*MODEL_FILES, CHAT_TEMPLATE_FILE)]
+    return digest_bytes([(f.name, f.read_bytes()) for f in files if f.is_file()])
 
 
 def read_recipe(model_dir: Path) -> BaseRecipe:

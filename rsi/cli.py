@@ -345,6 +345,8 @@ def eval_cmd(
     k: int = typer.Option(1, "--k", min=1, help="1: greedy accuracy; >1: pass@k at the harness temperature"),
     split: str = typer.Option("test", "--split", help="test (reporting, default) or heldout (what decisions use)"),
     lineage: str | None = typer.Option(None, "--lineage", help="evaluate this lineage's champion (its adapter)"),
+    harness_ref: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/smollm2-v1) or directory; "
+                                           "default: the profile's"),
     profile: str | None = PROFILE,
 ) -> None:
     """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
@@ -367,14 +369,16 @@ def eval_cmd(
         if adapter is not None:
             raise UserError("pass --adapter or --lineage, not both")
         adapter, harness = champion_pair(lineage)
+    elif harness_ref is not None:
+        harness = load_harness(harness_ref)
     config = load_config(profile_for(profile, harness.document.family if harness else None))
     harness = harness or load_harness(config.harness)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
-    base = ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
+    base = harness.base_model_dir(get_settings().home) or ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)
-    family = get_family(config.family)
+    family = get_family(harness.document.family)
     posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
     backend = get_backend("hf", model_dir=base)
     scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
@@ -433,10 +437,12 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import latest_harness, load_config, parse_sets, profile_for
+    from rsi.cycle import PROFILES, latest_harness, load_config, parse_sets, profile_for
 
+    # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
+    harness = harness or (None if "harness" in PROFILES.get(profile or "", {}) else latest_harness(family))
     config = load_config(profile_for(profile, family), **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
-                                     "harness": harness or latest_harness(family), "backend": backend,
+                                     "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
     from flows.cycle import run_lineage

@@ -14,6 +14,11 @@ seeds a row from its text, so a sample's path is a function of its own history).
 Completion mode (the built-in model): the model reads the transcript as one text, the prompt messages' contents
 then each assistant turn followed by the tokenizer's EOS and each tool message's content. That is also the text
 a trained episode is cut from (``segments``): the assistant turns and their EOS are what the loss sees.
+
+Chat mode (``prompt.mode = "chat"``, a Hugging Face base with a chat template): the backend's ``chat`` gets the
+messages and the harness's tools, the model's chat template writes the text (``rsi.chat``), and a turn's tool
+calls are the ones the backend read in the model's own format. Training cuts the same template's text
+(``ChatFormat.segments``): the loss sees the assistant turns and the EOS that ends each.
 """
 
 from __future__ import annotations
@@ -96,18 +101,58 @@ def transcript(messages: Sequence[Message], eos: str = EOS_TEXT) -> str:
     return "".join(text for text, _ in segments(messages, eos))
 
 
-def training_parts(messages: Sequence[Message]) -> tuple[str, str, tuple[tuple[str, bool], ...]]:
+def training_parts(messages: Sequence[Message], chat: ChatFormat | None = None) -> tuple[str, str, tuple[tuple[str, bool], ...]]:
     """What a trajectory's messages teach: (prompt text, completion, turns). One reply: the completion, no
     turns. An episode: its turns after the prompt as (text, trained) pieces without EOS (the trainer appends
     its tokenizer's EOS to each trained piece), and as completion their text joined (what makes two episodes
-    of one task different)."""
+    of one task different). ``chat``: a chat-mode harness's format; the prompt and the text between turns are
+    then what the model's chat template writes."""
     prompt = list(takewhile(lambda m: m.role in ("system", "user"), messages))
     rest = messages[len(prompt):]
-    text = "".join(m.content for m in prompt)
+    if chat is not None:
+        pieces = chat.segments(messages)
+        text, turns = pieces[0][0], tuple(pieces[1:])
+    else:
+        text, turns = "".join(m.content for m in prompt), tuple(segments(rest, eos=""))
     if len(rest) == 1 and rest[0].role == "assistant" and not rest[0].tool_calls:
         return text, rest[0].content, ()
-    turns = tuple(segments(rest, eos=""))
     return text, "".join(t for t, _ in turns), turns
+
+
+def chat_format(harness: Harness) -> ChatFormat | None:
+    """The chat format of a chat-mode harness (its base's tokenizer, loaded once), None in completion mode."""
+    if not harness.chat:
+        return None
+    from rsi.tokens import token_counter
+
+    return ChatFormat(token_counter(harness.document.model.base, harness.folder).tokenizer, tuple(harness.chat_tools))
+
+
+def model_input(harness: Harness, task_payload: dict[str, Any]) -> str:
+    """The text the model reads for a task's first turn: the chat template's (chat mode) or the prompt's."""
+    chat = chat_format(harness)
+    if chat is None:
+        return harness.prompt(task_payload)
+    messages = [Message(role=role, content=content) for role, content in harness.prompt_messages(task_payload)]
+    return chat.render(messages)
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A chat-mode harness's text of an episode: its base model's tokenizer (chat template) and its tools."""
+
+    tokenizer: Any
+    tools: tuple[dict[str, Any], ...] = ()
+
+    def segments(self, messages: Sequence[Message]) -> list[tuple[str, bool]]:
+        from rsi.chat import segments
+
+        return segments(self.tokenizer, messages, self.tools)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        from rsi.chat import render
+
+        return render(self.tokenizer, messages, self.tools)
 
 
 # ---- running episodes ----------------------------------------------------------------------------------
@@ -145,13 +190,19 @@ def run_episodes(tasks: Sequence[Task], harness: Harness, backend: GenerationBac
             episodes.append(_Episode(task, k, list(prompt), session))
     if not episodes:
         return []
-    first = backend.generate(["".join(content for _, content in m) for m in rendered], params, adapter=adapter)
+
+    def step(conversations: list[list[Message]], p: SamplingParams) -> list[list[Completion]]:
+        if harness.chat:  # the messages themselves, through the model's chat template
+            return backend.chat(conversations, harness.chat_tools, p, adapter=adapter)
+        return backend.generate([transcript(m, eos) for m in conversations], p, adapter=adapter)
+
+    first = step([episodes[i * params.n].messages for i in range(len(tasks))], params)  # each task's prompt, n samples
     for episode, completion in zip(episodes, [c for samples in first for c in samples], strict=True):
         episode.prompt_tokens = completion.prompt_tokens
         _take_turn(episode, completion, harness)
     one = params.model_copy(update={"n": 1})
     while live := [e for e in episodes if not e.done]:
-        outputs = backend.generate([transcript(e.messages, eos) for e in live], one, adapter=adapter)
+        outputs = step([e.messages for e in live], one)
         for episode, samples in zip(live, outputs, strict=True):
             _take_turn(episode, samples[0], harness)
     return [_trajectory(e, harness, pair_id, params.seed) for e in episodes]
@@ -164,22 +215,31 @@ def _take_turn(episode: _Episode, completion: Completion, harness: Harness) -> N
     episode.completion_tokens += completion.completion_tokens
     episode.generate_s += completion.generate_s
     episode.finish = completion.finish_reason
-    call = parse_call(harness, completion.text) if doc.tools and completion.finish_reason == "stop" else None
-    if call is None:
+    calls = _calls(harness, completion) if doc.tools and completion.finish_reason == "stop" else []
+    if not calls:
         episode.messages.append(Message(role="assistant", content=completion.text))
         episode.done = True
         return
-    name, arguments = call
-    call_id = f"call_{episode.steps}"
-    episode.messages.append(Message(role="assistant", content=completion.text,
-                                    tool_calls=(ToolCall(id=call_id, name=name, arguments=arguments),)))
-    started = time.perf_counter()
-    record = episode.session.call(call_id, name, arguments)
-    episode.tools_s += time.perf_counter() - started
-    content = harness.render_tool(episode.task.payload, {"name": name, "arguments": arguments},
-                                  result_text(record.result))
-    episode.messages.append(Message(role="tool", content=content, tool_call_id=call_id))
+    ids = [f"call_{episode.steps}" if len(calls) == 1 else f"call_{episode.steps}_{j}" for j in range(len(calls))]
+    episode.messages.append(Message(role="assistant", content=completion.text, tool_calls=tuple(
+        ToolCall(id=call_id, name=name, arguments=arguments) for call_id, (name, arguments) in zip(ids, calls))))
+    for call_id, (name, arguments) in zip(ids, calls):
+        started = time.perf_counter()
+        record = episode.session.call(call_id, name, arguments)
+        episode.tools_s += time.perf_counter() - started
+        content = harness.render_tool(episode.task.payload, {"name": name, "arguments": arguments},
+                                      result_text(record.result))
+        episode.messages.append(Message(role="tool", content=content, tool_call_id=call_id))
     episode.done = episode.steps >= doc.limits.max_steps
+
+
+def _calls(harness: Harness, completion: Completion) -> list[tuple[str, dict[str, Any]]]:
+    """The calls a turn makes: in chat mode those the backend read from the model's own format, else the one
+    the text writes in the harness's syntax."""
+    if harness.chat:
+        return [(c.name, c.arguments) for c in completion.tool_calls]
+    call = parse_call(harness, completion.text)
+    return [] if call is None else [call]
 
 
 def _trajectory(e: _Episode, harness: Harness, pair_id: str, seed: int) -> Trajectory:

@@ -78,8 +78,9 @@ class Section(BaseModel):
 
 class ModelSource(Section):
     base: str = Field("builtin", description=(
-        "'builtin' (rsi's own small addition model) or a local Hugging Face model directory holding a "
-        "config.json, absolute or relative to the harness folder"))
+        "'builtin' (rsi's own small addition model), a local Hugging Face model directory holding a "
+        "config.json or a .gguf file (absolute or relative to the harness folder), or "
+        "'package:<python package>/<file>', a file an installed package ships (rsi.bases)"))
     adapter: Literal["lineage", "none"] = Field("lineage", description=(
         "'lineage': the model runs with the lineage's champion adapter (none until a first candidate is "
         "promoted) and training continues from it; 'none': the base model alone, with no adapter loaded "
@@ -89,7 +90,9 @@ class ModelSource(Section):
 class Prompt(Section):
     mode: Literal["completion", "chat"] = Field("completion", description=(
         "'completion': the model's input is the rendered system_template (if any) followed by the rendered "
-        "template, concatenated with nothing between them. 'chat' is reserved and refused in this version"))
+        "template, concatenated with nothing between them. 'chat': the messages (system_template as the system "
+        "message, template as the user's, tool_template as tool messages) go through the base model's chat "
+        "template, and tool calls are written in the model's own format (no [tool_calls] section)"))
     template: str = Field(description="path of the user/prompt template, relative to hcp.toml, inside its folder")
     system_template: str | None = Field(None, description=(
         "path of a system template, relative to hcp.toml; in completion mode its text comes first, so end "
@@ -100,14 +103,6 @@ class Prompt(Section):
         "name and arguments), relative to hcp.toml; required when the harness exposes tools. In completion "
         "mode an episode reads as the prompt, then each assistant turn followed by EOS, each tool message "
         "as this template writes it"))
-
-    @field_validator("mode")
-    @classmethod
-    def _completion_only(cls, mode: str) -> str:
-        if mode == "chat":
-            raise ValueError('"chat" is not supported yet: rsi\'s backends take completion prompts in this '
-                             'version; use mode = "completion" (a system_template, if any, is put first)')
-        return mode
 
 
 class Decoding(Section):
@@ -244,6 +239,16 @@ class HCPDocument(Section):
     plan: Plan | None = Field(None, description="pose each task through the family's plan (None: in one call)")
     tool_calls: ToolCalls | None = Field(None, description="how tool calls are written; required with tools")
 
+    @field_validator("plan", "tool_calls")
+    @classmethod
+    def _completion_mode_only(cls, value: Any, info: ValidationInfo) -> Any:
+        prompt = info.data.get("prompt")
+        if value is not None and prompt is not None and prompt.mode == "chat":
+            why = ("a plan poses its calls as completion prompts" if info.field_name == "plan" else
+                   "in chat mode a model writes tool calls in its own chat format (the backend parses them)")
+            raise ValueError(f"{why}; drop [{info.field_name}] or use prompt.mode = 'completion'")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> HCPDocument:
         if self.decoding.max_new_tokens > self.limits.max_completion_tokens:
@@ -324,10 +329,20 @@ class Harness:
         return self.document.contract.version
 
     @property
-    def base_model_dir(self) -> Path | None:
-        """The Hugging Face model directory ``model.base`` names, resolved; None for 'builtin'."""
-        base = self.document.model.base
-        return None if base == "builtin" else _base_dir(self.folder, base).resolve()
+    def chat(self) -> bool:
+        return self.document.prompt.mode == "chat"
+
+    def base_model_dir(self, home: Path | None = None) -> Path | None:
+        """The Hugging Face model directory ``model.base`` names (a GGUF file converted once into ``home``'s
+        cache, rsi.bases); None for 'builtin'."""
+        from rsi.bases import model_dir
+
+        return model_dir(self.document.model.base, self.folder, home)
+
+    @cached_property
+    def chat_tools(self) -> list[dict[str, Any]]:
+        """The tools in the OpenAI/Hugging Face chat format (``tools=`` of a chat template or request)."""
+        return [{"type": "function", "function": t.model_dump(mode="json")} for t in self.document.tools]
 
     def render(self, field: str, task_payload: dict[str, Any]) -> str:
         """Render the template named by ``prompt.<field>`` for one task."""
@@ -500,23 +515,20 @@ def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
     return source
 
 
-def _base_dir(folder: Path, base: str) -> Path:
-    path = Path(base).expanduser()
-    return path if path.is_absolute() else folder / path
+def _check_model_base(path: Path, doc: HCPDocument) -> tuple[str, ...]:
+    """The base exists (a GGUF file is converted only when a model is needed, not here). A base in a package that
+    is not installed is a warning: the document is sound, the model an optional install (the error comes when
+    the model is needed)."""
+    from rsi.bases import PACKAGE, base_path, package_installed
 
-
-def _check_model_base(path: Path, doc: HCPDocument) -> None:
     base = doc.model.base
-    if base == "builtin":
-        return
-    where, model_dir = f"{path}: field 'model.base'", _base_dir(path.parent, base)
-    if not model_dir.is_dir():
-        raise UserError(f"{where}: {base!r} is neither 'builtin' nor an existing directory ({model_dir}); "
-                        "pass 'builtin' or a local Hugging Face model directory (absolute, or relative to the "
-                        "harness folder)")
-    if not (model_dir / "config.json").is_file():
-        raise UserError(f"{where}: {model_dir} holds no config.json, so it is not a Hugging Face model directory; "
-                        "pass a directory written by save_pretrained")
+    try:
+        base_path(base, path.parent)
+    except UserError as exc:
+        if base.startswith(PACKAGE) and not package_installed(base):
+            return (f"{path}: field 'model.base': {exc}",)
+        raise UserError(f"{path}: field 'model.base': {exc}") from None
+    return ()
 
 
 def _render_failure(harness: Harness, task: Task) -> TemplateRenderError | None:
@@ -623,9 +635,9 @@ def load_harness(path: str | Path) -> Harness:
         sources[doc.answer.template] = _check_template(file, "answer.template", doc.answer.template, doc)
     if doc.prompt.tool_template is not None:
         sources[doc.prompt.tool_template] = _check_template(file, "tool_template", doc.prompt.tool_template, doc)
-    _check_model_base(file, doc)
+    warnings = _check_model_base(file, doc)
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
-    warnings = (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
+    warnings += (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
     harness = Harness(file, doc, sources, warnings)
     _check_renders(file, harness)
     if doc.plan is not None:
@@ -646,9 +658,9 @@ def _check_episodes(path: Path, harness: Harness) -> None:
     if missing:
         raise UserError(f"{path}: field 'contract.rules': the harness exposes tools but lacks {missing}: the auditor "
                         "must check the calls and replay them on the family's environment")
-    if doc.tool_calls is None or doc.prompt.tool_template is None:
+    if (doc.tool_calls is None and not harness.chat) or doc.prompt.tool_template is None:
         raise UserError(f"{path}: a harness that exposes tools needs [tool_calls] (how a call is written) and "
-                        "prompt.tool_template (how a result reads)")
+                        "prompt.tool_template (how a result reads); in chat mode only the tool_template")
     if doc.plan is not None:
         raise UserError(f"{path}: field 'plan': a plan poses a task as one-call parts, a harness with tools runs "
                         "episodes; use one or the other")
@@ -659,7 +671,7 @@ def _check_episodes(path: Path, harness: Harness) -> None:
     if unknown:
         raise UserError(f"{path}: field 'tools': family {family.name!r} declares no tool {unknown[0]!r} "
                         f"(its tools: {', '.join(sorted(env.tools)) or 'none'})")
-    if family.expert is None:
+    if family.expert is None or harness.chat:  # (a demonstration writes calls in the [tool_calls] syntax)
         return
     for level in range(family.min_level, min(family.min_level + SAMPLE_LEVELS - 1, family.max_level) + 1):
         for task in family.tasks("train", SAMPLE_SEED, level, SAMPLE_TASKS):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rsi.episodes import training_parts
+from rsi.episodes import chat_format, model_input, training_parts
 from rsi.errors import UserError
 from rsi.hcp import Harness
 from rsi.models import Task, Trajectory
@@ -22,9 +22,9 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
     """The example ``trajectory`` (recorded under ``source``) teaches, written under ``target``: the same task
     and answer in ``target``'s prompt and answer format. Unchanged when replies look the same under both."""
     if not changes_format(source, target):
-        prompt, completion, turns = training_parts(trajectory.messages)
+        prompt, completion, turns = training_parts(trajectory.messages, chat_format(target))
         return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt, completion=completion,
-                       source=kind, turns=turns)
+                       source=kind, turns=turns, chat=target.chat)
     if trajectory.tool_log or source.document.tools:
         raise UserError(f"cannot migrate episode {trajectory.id} from {source.id} to {target.id}: re-rendering "
                         "writes one task's answer, not a tool episode")
@@ -36,8 +36,8 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
     if not parsed.ok:
         raise UserError(f"trajectory {trajectory.id} has no parsable answer under {source.id} ({parsed.error}); "
                         "only passed trajectories can be migrated")
-    return Example(trajectory_id=trajectory.id, level=task.level, prompt=target.prompt(task.payload),
-                   completion=target.render_answer(task.payload, parsed.value), source=kind)
+    return Example(trajectory_id=trajectory.id, level=task.level, prompt=model_input(target, task.payload),
+                   completion=target.render_answer(task.payload, parsed.value), source=kind, chat=target.chat)
 
 
 def changes_format(source: Harness, target: Harness) -> bool:

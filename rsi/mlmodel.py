@@ -70,7 +70,14 @@ class PairModel(mlflow.pyfunc.PythonModel):
         if self.harness.document.tools:
             return self._predict_episodes(items, greedy)
         prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in items]
-        outputs = self.backend.generate(prompts, greedy, adapter=self.adapter)
+        if self.harness.chat:  # a string is the user's message; a payload, the harness's prompt messages
+            from rsi.models import Message
+
+            conversations = [[Message(role="user", content=item)] if isinstance(item, str) else
+                             [Message(role=r, content=c) for r, c in self.harness.prompt_messages(item)] for item in items]
+            outputs = self.backend.chat(conversations, self.harness.chat_tools, greedy, adapter=self.adapter)
+        else:
+            outputs = self.backend.generate(prompts, greedy, adapter=self.adapter)
         answer = self.harness.document.answer
         parse = get_parser(answer.parser)
         predictions = []

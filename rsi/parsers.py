@@ -43,6 +43,11 @@ class ReversedDigitsParams(Params):
     width: int = Field(ge=1, le=MAX_DIGITS, description="digits in the answer, least significant first")
 
 
+class FramedIntegerParams(Params):
+    prefix: str = Field(description="the text before the integer, e.g. 'The answer is '")
+    suffix: str = Field("", description="the text after it, e.g. '.'")
+
+
 class WordParams(Params):
     words: list[str] = Field(min_length=1, description="the replies that count, e.g. ['done']")
 
@@ -100,6 +105,20 @@ def parse_reversed_digits(text: str, width: int) -> Parsed:
         reason = _non_ascii_digit(head)
         return Parsed(ok=False, error=reason or f"expected {width} digits, got {head!r}")
     return Parsed(ok=True, value=int(head[::-1]), extra=text[width:])
+
+
+@parser("framed_integer", FramedIntegerParams)
+def parse_framed_integer(text: str, prefix: str, suffix: str = "") -> Parsed:
+    """``prefix``, a decimal integer (as ``integer`` reads it), then ``suffix``: the sentence a chat model
+    answers in, e.g. 'The answer is 46.'."""
+    if not text.startswith(prefix):
+        return Parsed(ok=False, error=f"expected {prefix!r} first, got {text[:len(prefix) + 10]!r}")
+    number = parse_integer(text[len(prefix):])
+    if not number.ok:
+        return number
+    if not number.extra.startswith(suffix):
+        return Parsed(ok=False, error=f"expected {suffix!r} after the integer, got {number.extra[:20]!r}")
+    return Parsed(ok=True, value=number.value, extra=number.extra[len(suffix):])
 
 
 @parser("word", WordParams)

@@ -56,6 +56,9 @@ class Example(BaseModel):
     turns: tuple[tuple[str, bool], ...] = Field((), description=(
         "an episode of more than one turn: what follows the prompt, as (text, trained) pieces (assistant turns "
         "trained, each followed by EOS; tool messages not); empty for one reply, the completion"))
+    chat: bool = Field(False, description=(
+        "chat mode: the prompt is a chat template's text, which writes its own special tokens (the trainer "
+        "adds none)"))
 
 
 class Dataset(BaseModel):

@@ -8,12 +8,14 @@ in pure Python, without torch or transformers; a model directory loads its token
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from rsi.errors import UserError
+from rsi.models import Message
 
 # The built-in tokenizer's special tokens are matched as whole tokens even inside text (as Hugging Face
 # "added tokens" are); none is a prefix of another and they cannot overlap, so counting matches is exact.
@@ -28,6 +30,16 @@ class TokenCounter:
     name: str
     text: Callable[[str], int]
     prompt: Callable[[str], int]
+    tokenizer: Any = None  # the Hugging Face tokenizer (None for the built-in one)
+
+    def chat_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = ()) -> int:
+        """Tokens of ``messages`` in chat mode: the chat template's text with the assistant's turn opened,
+        tokenized as the ``hf`` backend sends it (the template writes its own special tokens)."""
+        from rsi.chat import render
+
+        if self.tokenizer is None:
+            raise UserError("chat mode needs a Hugging Face base with a chat template; the built-in model has none")
+        return len(self.tokenizer(render(self.tokenizer, messages, tools), add_special_tokens=False)["input_ids"])
 
 
 def builtin_text_tokens(text: str) -> int:
@@ -49,18 +61,19 @@ def _hf_counter(model_dir: Path) -> TokenCounter:
     def count(text: str, special: bool) -> int:
         return len(tokenizer(text, add_special_tokens=special)["input_ids"])
 
-    return TokenCounter(str(model_dir), text=lambda t: count(t, False), prompt=lambda t: count(t, True))
+    return TokenCounter(str(model_dir), text=lambda t: count(t, False), prompt=lambda t: count(t, True),
+                        tokenizer=tokenizer)
 
 
 def token_counter(base: str, root: Path | None = None) -> TokenCounter:
-    """The counter for a harness's ``model.base``: ``"builtin"`` or a Hugging Face model directory
-    (a relative one is taken relative to ``root``, the harness's directory, when given)."""
+    """The counter for a harness's ``model.base``: ``"builtin"``, or any base ``rsi.bases`` resolves (a relative
+    path is taken relative to ``root``, the harness's directory, when given)."""
+    from rsi.bases import model_dir
+
     if base == "builtin":
         return BUILTIN
     path = Path(base).expanduser()
-    if not path.is_absolute() and root is not None:
-        path = root / path
-    if not path.is_dir():
-        raise UserError(f"model.base {base!r}: no such model directory {path}; "
-                        "pass 'builtin' or a saved model directory")
-    return _hf_counter(path.resolve())
+    path = path if path.is_absolute() or root is None else root / path
+    if path.is_dir():  # a tokenizer alone is enough to count
+        return _hf_counter(path.resolve())
+    return _hf_counter(model_dir(base, root or Path.cwd()))

@@ -105,7 +105,7 @@ def lr_at(step: int, spec: Schedule) -> float:
 def encode(tokenizer, example: Example) -> tuple[list[int], list[int]]:
     """(input ids, labels) of one example: the prompt masked (-100), the completion and EOS as labels; for an
     episode, each assistant turn and its EOS as labels, the tool messages between them masked."""
-    prompt = tokenizer(example.prompt)["input_ids"]
+    prompt = tokenizer(example.prompt, add_special_tokens=not example.chat)["input_ids"]
     if example.turns:
         ids, labels = list(prompt), [-100] * len(prompt)
         for text, trained in example.turns:
@@ -217,9 +217,9 @@ def _fit_trl(base_dir: Path, parent_adapter: Path | None, examples: list[Example
     """TRL's SFTTrainer on the same batches: a prompt/completion dataset (TRL appends EOS and masks the prompt),
     ``peft_config`` from the spec (or the parent adapter, trainable), the loop's optimizer and ``lr_at``
     schedule, fp32 on the CPU; per-step loss and lr reach ``on_step`` through a TrainerCallback."""
-    if any(e.turns for e in examples):
+    if any(e.turns or e.chat for e in examples):
         raise UserError("train.trainer 'trl' trains prompt/completion pairs; tool episodes (per-turn loss masks) "
-                        "train with trainer 'loop': set train.trainer=loop")
+                        "and chat-mode examples train with trainer 'loop': set train.trainer=loop")
     trl = _require_trl()
     import torch
     from datasets import Dataset as HFDataset

@@ -28,6 +28,14 @@ def test_every_shipped_document_is_valid(path: Path) -> None:
     assert len(harness.hash) == 64
 
 
+def test_a_base_in_a_package_not_installed_is_a_warning_until_the_model_is_needed(doc2: Path) -> None:
+    edit(doc2, 'base = "builtin"', 'base = "package:rsi_no_such_package/model.gguf"')
+    harness = load_harness(doc2)  # an optional install (the smollm2 extra), not a broken document
+    assert any("no installed Python package 'rsi_no_such_package'" in w for w in harness.warnings)
+    with pytest.raises(UserError, match="no installed Python package 'rsi_no_such_package'; install it"):
+        harness.base_model_dir()
+
+
 def test_shipped_documents_exist() -> None:
     assert any(p.parent.parent.name == "addition" for p in SHIPPED)
 
@@ -210,9 +218,20 @@ def _missing_required_rule(doc: Path) -> tuple[Path, str]:
     return doc / "hcp.toml", "missing required rules ['messages_allowed']"
 
 
-def _chat_mode(doc: Path) -> tuple[Path, str]:
+def _chat_mode_plan(doc: Path) -> tuple[Path, str]:
     edit(doc, 'mode = "completion"', 'mode = "chat"')
-    return doc / "hcp.toml", "not supported yet"
+    edit(doc, "[contract]", '[plan]\nname = "digit_chunks"\n\n[contract]')
+    return doc / "hcp.toml", "a plan poses its calls as completion prompts"
+
+
+def _missing_gguf(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'base = "builtin"', 'base = "models/nowhere.gguf"')
+    return doc / "hcp.toml", "no GGUF file at"
+
+
+def _missing_file_in_package(doc: Path) -> tuple[Path, str]:
+    edit(doc, 'base = "builtin"', 'base = "package:rsi/no_such_model.gguf"')
+    return doc / "hcp.toml", "holds no file 'no_such_model.gguf'"
 
 
 def _missing_model_dir(doc: Path) -> tuple[Path, str]:
@@ -232,7 +251,9 @@ BAD = {
     "missing_payload_key": (_missing_payload_key, "prompt.template"),
     "no_rules": (_no_rules, "contract.rules"),
     "missing_required_rule": (_missing_required_rule, "contract.rules"),
-    "chat_mode": (_chat_mode, "prompt.mode"),
+    "chat_mode_plan": (_chat_mode_plan, "plan"),
+    "missing_gguf": (_missing_gguf, "model.base"),
+    "missing_file_in_package": (_missing_file_in_package, "model.base"),
     "missing_model_dir": (_missing_model_dir, "model.base"),
 }
 
@@ -366,7 +387,7 @@ def test_model_base_must_hold_a_hugging_face_model(doc2: Path) -> None:
     with pytest.raises(UserError, match=r"field 'model.base': .*holds no config.json"):
         load_harness(doc2)
     (doc2 / "model/config.json").write_text("{}")
-    assert load_harness(doc2).base_model_dir == (doc2 / "model").resolve()
+    assert load_harness(doc2).base_model_dir() == (doc2 / "model").resolve()
     edit(doc2, 'adapter = "lineage"', 'adapter = "/some/dir"')
     with pytest.raises(UserError, match=r"field 'model.adapter': Input should be 'lineage' or 'none'"):
         load_harness(doc2)
@@ -444,7 +465,7 @@ def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) 
     shutil.copytree(v2, copy)
     assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
     for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
-        with pytest.raises(UserError, match=r"shipped: addition/v1, addition/v2, sorting/v1\. Pass a harness directory"):
+        with pytest.raises(UserError, match=r"shipped: addition/smollm2-v1, addition/v1, addition/v2, sorting/v1\. Pass a harness directory"):
             resolve_harness(bad)
 
 

@@ -1,4 +1,5 @@
-"""The generation backend interface: batched completions, k samples per prompt, seeded, per-adapter."""
+"""The generation backend interface: batched completions (text prompts) or chat replies (message lists, through
+the model's chat template, with tools), k samples per prompt, seeded, per-adapter."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rsi.models import Message, ToolCall
 
 
 class SamplingParams(BaseModel):
@@ -22,11 +25,13 @@ class SamplingParams(BaseModel):
 
 
 class Completion(BaseModel):
-    """One sampled continuation of one prompt (special tokens removed from ``text``)."""
+    """One sampled continuation of one prompt (special tokens removed from ``text``); from ``chat``, the
+    assistant message: its text and the tool calls it makes."""
 
     model_config = ConfigDict(frozen=True)
 
     text: str
+    tool_calls: tuple[ToolCall, ...] = ()
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Literal["stop", "length"]
@@ -43,6 +48,14 @@ class GenerationBackend(Protocol):
         """For each prompt, ``params.n`` completions. ``adapter`` is a LoRA directory (None: the base).
 
         Same prompts, params and adapter give the same completions on the same machine."""
+        ...
+
+    def chat(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
+        adapter: str | None = None,
+    ) -> list[list[Completion]]:
+        """For each conversation, ``params.n`` assistant replies: the messages go through the model's chat
+        template with ``tools`` (OpenAI format); a reply's ``tool_calls`` are the calls it makes."""
         ...
 
     def close(self) -> None: ...

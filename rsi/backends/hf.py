@@ -37,6 +37,7 @@ import torch
 
 from rsi.backends.base import Completion, SamplingParams
 from rsi.errors import UserError
+from rsi.models import Message
 
 MAX_LOADED_ADAPTERS = 8
 # Fewest rows in a forward pass. CPU matmuls of 1-3 rows take another kernel than 4 or more (other last bits,
@@ -97,9 +98,29 @@ class HFBackend:
         self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None
     ) -> list[list[Completion]]:
         """For each prompt, ``params.n`` completions, in prompt order then sample order."""
+        return self._generate(prompts, params, adapter, special=True)
+
+    def chat(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
+        adapter: str | None = None,
+    ) -> list[list[Completion]]:
+        """For each conversation, ``params.n`` assistant replies: the chat template's text of the conversation
+        (``rsi.chat.render``, the assistant's turn opened) decoded as a prompt like any other, without the special
+        tokens the tokenizer adds to plain text (the template writes its own); tool calls read from the reply."""
+        from rsi import chat
+
+        chat.require_template(self.tokenizer, str(self.model_dir))
+        texts = [chat.render(self.tokenizer, messages, tools) for messages in conversations]
+        outputs = self._generate(texts, params, adapter, special=False)
+        if not tools:
+            return outputs
+        return [[c.model_copy(update={"tool_calls": chat.parse_tool_calls(c.text)}) for c in row] for row in outputs]
+
+    def _generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None,
+                  special: bool) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("HFBackend is closed")
-        rows = self._make_rows(prompts, params)
+        rows = self._make_rows(prompts, params, special)
         by_length: dict[int, list[_Row]] = {}
         for row in rows:  # equal lengths only share a batch: no padding, so no row depends on another's length
             by_length.setdefault(len(row.prompt_ids), []).append(row)
@@ -128,8 +149,8 @@ class HFBackend:
 
     # ---- rows and completions ---------------------------------------------------------------------
 
-    def _make_rows(self, prompts: Sequence[str], params: SamplingParams) -> list[_Row]:
-        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"] if prompts else []
+    def _make_rows(self, prompts: Sequence[str], params: SamplingParams, special: bool) -> list[_Row]:
+        encoded = self.tokenizer(list(prompts), add_special_tokens=special)["input_ids"] if prompts else []
         samples = 1 if params.temperature == 0 else params.n
         seen: Counter[str] = Counter()
         rows = []

@@ -1,6 +1,7 @@
 """The ``openai`` backend: completions from an OpenAI-compatible server (a vLLM server with runtime LoRA).
 
-Requests go to ``POST {base_url}/completions`` with a list of up to ``batch_size`` prompts each, at most
+Requests go to ``POST {base_url}/completions`` with a list of up to ``batch_size`` prompts each (``chat``: to
+``POST {base_url}/chat/completions``, one conversation each, with the harness's tools), at most
 ``concurrency`` requests in flight (a thread pool). Transient failures (connection errors, timeouts, 429,
 5xx) are retried with exponential backoff; other 4xx answers are not (they become a ``UserError`` naming
 the server's message). A server that cannot be reached at all is a ``RuntimeFailure``.
@@ -32,17 +33,20 @@ vanished from the server (restart, another client unloaded it) is loaded again o
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rsi.backends.base import Completion, SamplingParams
 from rsi.errors import RuntimeFailure, UserError
+from rsi.models import Message, ToolCall
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
@@ -109,14 +113,65 @@ class OpenAIBackend:
         prompts = list(prompts)
         if not prompts:
             return []
-        name = self._acquire_adapter(adapter) if adapter is not None else self.model
-        try:
+        with self._serving(adapter) as name:
             return self._generate(prompts, params, name, adapter)
+
+    def chat(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
+        adapter: str | None = None,
+    ) -> list[list[Completion]]:
+        """For each conversation, ``params.n`` assistant replies from ``POST /chat/completions`` (one request per
+        conversation, the server's chat template and tool-call parser); seeds as for ``generate``."""
+        if self._closed:
+            raise RuntimeError("OpenAIBackend is closed")
+        if not conversations:
+            return []
+        samples = 1 if params.temperature == 0 else params.n
+        seen: Counter[str] = Counter()
+        bodies = []
+        for messages in conversations:
+            wire = [_wire_message(m) for m in messages]
+            key = json.dumps(wire, sort_keys=True)
+            seed = params.seed if not seen[key] else _occurrence_seed(params.seed, seen[key])
+            seen[key] += 1
+            body: dict[str, Any] = {"messages": wire, "n": samples, "temperature": params.temperature,
+                                    "top_p": params.top_p, "max_tokens": params.max_new_tokens, "seed": seed,
+                                    "return_token_ids": True, "skip_special_tokens": True}
+            if tools:
+                body["tools"] = list(tools)
+            if params.stop:
+                body["stop"] = list(params.stop)
+            bodies.append(body)
+        with self._serving(adapter) as name:
+            futures = [self._pool.submit(self._chat_job, {**body, "model": name}, samples) for body in bodies]
+            replies = [future.result() for future in futures]
+        return [row * params.n if samples == 1 else row for row in replies]
+
+    def _chat_job(self, body: dict[str, Any], samples: int) -> list[Completion]:
+        started = time.perf_counter()
+        data = self._post("/chat/completions", body)
+        share = (time.perf_counter() - started) / samples
+        choices = sorted(data.get("choices", []), key=lambda c: c["index"])
+        if len(choices) != samples:
+            raise RuntimeFailure(f"server returned {len(choices)} chat choices for n={samples}")
+        usage = data.get("usage") or {}
+        prompt_ids = data.get("prompt_token_ids")
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else int(usage.get("prompt_tokens", 0))
+        return [_chat_completion(c, prompt_tokens, usage if samples == 1 else {}, share, self._encode) for c in choices]
+
+    @contextmanager
+    def _serving(self, adapter: str | None) -> Iterator[str]:
+        """The model name requests use: the base's, or the adapter's, loaded and held for the block."""
+        if adapter is None:
+            yield self.model
+            return
+        name = self._acquire_adapter(adapter)
+        try:
+            yield name
         finally:
-            if adapter is not None:
-                with self._adapter_lock:
-                    self._in_use[name] -= 1
-                    self._evict()
+            with self._adapter_lock:
+                self._in_use[name] -= 1
+                self._evict()
 
     def adapter_name(self, adapter: str | Path) -> str:
         """The server-side name of an adapter directory: ``rsi-`` + 16 hex of its content hash."""
@@ -323,6 +378,44 @@ class OpenAIBackend:
             if self._in_use[name] <= 0:
                 self._in_use.pop(name, None)
                 self._unload(name)
+
+
+def _wire_message(m: Message) -> dict[str, Any]:
+    """A message in the OpenAI chat format (tool-call arguments as a JSON string)."""
+    item: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        item["tool_calls"] = [{"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        item["tool_call_id"] = m.tool_call_id
+    return item
+
+
+def _chat_completion(choice: dict[str, Any], prompt_tokens: int, usage: dict[str, Any], share: float,
+                     encode: Callable[..., list[int]]) -> Completion:
+    """One chat choice as a Completion: its text, its parsed tool calls, its token count (the server's token ids,
+    else the request's usage for n = 1, else the text recounted plus the EOS)."""
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    calls = []
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = {"_unparsed": function.get("arguments")}  # kept, so the auditor's schema check fails it
+        if not isinstance(arguments, dict):
+            arguments = {"_unparsed": arguments}
+        calls.append(ToolCall(id=call.get("id") or f"call_{i}", name=str(function.get("name")), arguments=arguments))
+    reason = "length" if choice.get("finish_reason") == "length" else "stop"  # "tool_calls" ends on the model's stop
+    if choice.get("token_ids") is not None:
+        tokens = len(choice["token_ids"])
+    elif "completion_tokens" in usage:
+        tokens = int(usage["completion_tokens"])
+    else:
+        tokens = len(encode(text, special=False)) + (reason == "stop")
+    return Completion(text=text, tool_calls=tuple(calls), prompt_tokens=prompt_tokens, completion_tokens=tokens,
+                      finish_reason=reason, generate_s=share)
 
 
 def _occurrence_seed(seed: int, occurrence: int) -> int:
