@@ -180,3 +180,118 @@ def test_routers_on_the_heldout_routing_set(served, rsi_home, monkeypatch) -> No
     assert manifest["names"] == ["addition", "sorting"] and len(manifest["digest"]) == 64
     lora = evaluate_router(served, rsi_home, "lora", 8, 0.5, answers=False)
     assert lora.macro_f1 >= 0.98, lora.confusion
+
+
+class Server:
+    """``rsi.mol.proxy`` under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, store, home: Path, **config) -> None:
+        import uvicorn
+
+        from rsi.mol.proxy import ServeConfig, create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        app = create_app(ServeConfig(**config), store, home)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) -> None:
+    """The official client against a running proxy: routing by content, the reply of the routed adapter, tool
+    calls and stickiness, streaming, auth, OpenAI error bodies, rate limits, and a conversation continued from
+    the state DB after a restart."""
+    import httpx
+    import openai
+
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.state import create_key
+    from rsi.tasks import get_family
+
+    key = create_key(served, "tester")
+    addition, sorting = load_harness("addition/v2"), load_harness("sorting/v1")
+    add_task = get_family("addition").tasks("heldout", 3, 2, 1)[0]
+    sort_task = get_family("sorting").tasks("heldout", 3, 1, 1)[0]
+    direct = get_backend("hf", model_dir=tiny_base)
+    expected_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12),
+                                   adapter=str(adapters["addition"]))[0][0].text
+    base_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12))[0][0].text
+    assert expected_sum != base_sum  # so the reply shows which model answered
+
+    with Server(served, rsi_home, burst=12, rate=0.01) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        assert {m.id for m in client.models.list()} == {"rsi/auto", "rsi/addition", "rsi/sorting", "rsi/base"}
+        raw = client.chat.completions.with_raw_response.create(
+            model="rsi/auto", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
+        reply = raw.parse()
+        assert reply.model == "rsi/addition" and raw.headers["x-rsi-specialist"] == "addition"
+        assert reply.choices[0].message.content == expected_sum
+        conversation = raw.headers["x-rsi-conversation-id"]
+        assert reply.model_extra["conversation_id"] == conversation
+
+        sort_prompt = sorting.prompt(sort_task.payload)
+        call = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": sort_prompt}])
+        assert call.model == "rsi/sorting" and call.choices[0].finish_reason == "tool_calls"
+        tool_call = call.choices[0].message.tool_calls[0]
+        assert tool_call.function.name == "swap" and "i" in __import__("json").loads(tool_call.function.arguments)
+
+        chunks = list(client.chat.completions.create(
+            model="rsi/auto", stream=True, messages=[{"role": "user", "content": addition.prompt(add_task.payload)}]))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_sum
+        assert chunks[-1].choices[0].finish_reason == "stop" and {c.model for c in chunks} == {"rsi/addition"}
+
+        forced = client.chat.completions.create(
+            model="rsi/base", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
+        assert forced.model == "rsi/base" and forced.choices[0].message.content == base_sum
+        small_talk = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": "hello!"}])
+        assert small_talk.model == "rsi/base"
+
+        with pytest.raises(openai.AuthenticationError) as denied:
+            openai.OpenAI(base_url=f"{url}/v1", api_key="rsi-wrong", max_retries=0).models.list()
+        assert denied.value.status_code == 401 and denied.value.body["type"] == "authentication_error"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="rsi/nope", messages=[{"role": "user", "content": "1+1="}])
+        for body in ({"model": "rsi/auto"}, {"model": "rsi/auto", "messages": "hi"},
+                     {"model": "rsi/auto", "messages": [{"role": "robot", "content": "x"}]}):
+            bad = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
+        garbled = httpx.post(f"{url}/v1/chat/completions", content=b"{not json",
+                             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        assert garbled.status_code == 400 and "error" in garbled.json()
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 2.0' in metrics
+        with pytest.raises(openai.RateLimitError):  # the burst of 12 is spent, and it refills at 0.01/s
+            for _ in range(6):
+                client.models.list()
+
+    # a new proxy on the same state DB: the client sends only the tool result and the conversation id; the
+    # stored history says which call it answers, so it goes back to the specialist that made the call
+    with Server(served, rsi_home) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        first = client.chat.completions.with_raw_response.create(
+            model="rsi/auto", messages=[{"role": "user", "content": sort_prompt}]).parse()
+        conv, made = first.model_extra["conversation_id"], first.choices[0].message.tool_calls[0]
+    with Server(served, rsi_home) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        result = client.chat.completions.create(
+            model="rsi/auto", extra_body={"conversation_id": conv},
+            messages=[{"role": "tool", "tool_call_id": made.id, "content": "1234567"}])
+        assert result.model == "rsi/sorting" and result.model_extra["rsi"]["router"] == "sticky"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-unknown"},
+                                           messages=[{"role": "user", "content": "1+1="}])

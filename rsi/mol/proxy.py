@@ -19,7 +19,6 @@ by path into its adapter LRU; ``openai`` sends the same calls to rsi's vLLM engi
 Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
 """
 
-from __future__ import annotations
 
 import json
 import os
