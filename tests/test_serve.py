@@ -295,3 +295,37 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-unknown"},
                                            messages=[{"role": "user", "content": "1+1="}])
+
+
+def _rsi(*args: str) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "rsi", *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=600)
+
+
+def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
+    """The commands as a person runs them: user errors exit 2 naming the fix, no traceback; `rsi router eval`
+    reports the confusion matrix, macro-F1, latency and answer accuracy against the oracle."""
+    import json
+
+    missing = _rsi("specialists", "add", "nosuch")
+    assert missing.returncode == 2 and "run `rsi run` first" in missing.stderr and "Traceback" not in missing.stderr
+    listed = _rsi("specialists", "list")
+    assert listed.returncode == 0 and "addition" in listed.stdout and "generation 1" in listed.stdout
+    key = _rsi("keys", "create", "cli")
+    assert key.returncode == 0 and key.stdout.strip().startswith("rsi-")
+    again = _rsi("keys", "create", "cli")
+    assert again.returncode == 2 and "exists already" in again.stderr
+    unknown = _rsi("router", "train", "--kind", "svm")
+    assert unknown.returncode == 2 and "known routers: lora, ngram" in unknown.stderr
+    report = _rsi("router", "eval", "--kind", "ngram", "--per-level", "4", "--json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["macro_f1"] >= 0.98 and data["labels"] == ["addition", "sorting", "base"]
+    for name in ("addition", "sorting"):  # routed as the oracle routes, so the answers are the oracle's
+        acc = data["answer_accuracy"][name]
+        assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
