@@ -39,6 +39,14 @@ app.add_typer(base_app, name="base")
 app.add_typer(lineage_app, name="lineage")
 app.add_typer(engine_app, name="engine")
 app.add_typer(stack_app, name="stack")
+specialists_app = typer.Typer(help="Specialists of Mixture-of-LoRA serving: lineages whose champions `rsi serve` "
+                              "routes to (rows in the state DB).", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys of `rsi serve` (stored hashed in the state DB).", no_args_is_help=True)
+router_app = typer.Typer(help="Routers of `rsi serve`: train on the specialists' routing examples, evaluate on "
+                         "held-out ones.", no_args_is_help=True)
+app.add_typer(specialists_app, name="specialists")
+app.add_typer(keys_app, name="keys")
+app.add_typer(router_app, name="router")
 
 PROFILE = typer.Option(None, "--profile", help="configuration profile: demo (addition), sorting, or tiny for smoke "
                        "tests; default: the family's own profile if it has one, else demo")
@@ -629,6 +637,154 @@ def engine_logs(lines: int = typer.Option(50, "-n", min=1, help="how many lines 
     from rsi.config import get_settings
 
     print(engine.logs(get_settings().home, lines))
+
+
+@specialists_app.command("add")
+def specialists_add(
+    lineage: str = typer.Argument(..., help="a lineage in the state DB; its champion answers"),
+    name: str | None = typer.Option(None, "--name", help="specialist name (default: the lineage's)"),
+    description: str = typer.Option("", "--description", help="what it is for"),
+    levels: str = typer.Option("1-6", "--levels", help="family levels its routing examples come from"),
+) -> None:
+    """Admit a lineage as a specialist; a running proxy picks it up (and each new champion) on its next request."""
+    from rsi.mol.registry import add_specialist
+
+    spec = add_specialist(_store(migrate=True), lineage, name, description, tuple(parse_levels(levels)))
+    out.print(f"specialist {spec.name} (lineage {spec.lineage}, levels {list(spec.levels)}); retrain the routers: "
+              "`rsi router train`")
+
+
+@specialists_app.command("list")
+def specialists_list() -> None:
+    """The specialists and their current champions."""
+    from rsi.config import get_settings
+    from rsi.mol.registry import Registry, list_specialists
+
+    store = _store(migrate=True)
+    champions = Registry(store, get_settings().home).champions()
+    table = Table("specialist", "lineage", "champion", "harness", "adapter", "description", title="specialists")
+    for spec in list_specialists(store):
+        c = champions.get(spec.name)
+        table.add_row(spec.name, spec.lineage, f"generation {c.generation}" if c else "none promoted yet",
+                      c.harness.id if c else "-", Text(str(c.adapter_dir) if c else "-"), Text(spec.description))
+    out.print(table)
+
+
+@specialists_app.command("remove")
+def specialists_remove(name: str = typer.Argument(..., help="specialist name")) -> None:
+    """Withdraw a specialist from serving (its lineage stays)."""
+    from rsi.mol.registry import remove_specialist
+
+    remove_specialist(_store(migrate=True), name)
+    out.print(f"specialist {name} removed")
+
+
+@keys_app.command("create")
+def keys_create(name: str = typer.Argument(..., help="a name for the key (who uses it)")) -> None:
+    """Create an API key and print it once; only its hash is stored."""
+    from rsi.mol.state import create_key
+
+    print(create_key(_store(migrate=True), name))
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str = typer.Argument(..., help="key name")) -> None:
+    """Revoke a key: requests with it get 401 from then on."""
+    from rsi.mol.state import revoke_key
+
+    revoke_key(_store(migrate=True), name)
+    out.print(f"key {name} revoked")
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """Key names, when they were made, whether revoked (never the keys)."""
+    from rsi.mol.state import list_keys
+
+    print(json.dumps(list_keys(_store(migrate=True)), indent=2))
+
+
+ROUTER_KIND = typer.Option("ngram", "--kind", help="ngram (naive Bayes on character n-grams) or lora (a route "
+                           "adapter scoring each specialist's name)")
+
+
+@router_app.command("train")
+def router_train(kind: str = ROUTER_KIND,
+                 per_level: int = typer.Option(32, "--per-level", min=1, help="train-split examples per level")) -> None:
+    """Train a router on the specialists' train-split routing examples (saved in RSI_HOME/routers/KIND)."""
+    from rsi.config import get_settings
+    from rsi.mol.registry import Registry
+    from rsi.mol.routers import get_router_class, train_router
+
+    get_router_class(kind)
+    home = get_settings().home
+    manifest = train_router(kind, Registry(_store(migrate=True), home).champions(), home, per_level)
+    out.print(f"router {kind}: {manifest['examples']} examples of {', '.join(manifest['names'])} "
+              f"(examples digest {manifest['examples_digest'][:12]}, router digest {manifest['digest'][:12]})")
+
+
+@router_app.command("eval")
+def router_eval(
+    kind: str = ROUTER_KIND,
+    per_level: int = typer.Option(16, "--per-level", min=1, help="held-out examples per level"),
+    threshold: float = typer.Option(0.5, "--threshold", min=0.0, max=1.0, help="below it the base answers"),
+    answers: bool = typer.Option(True, "--answers/--no-answers", help="also measure answer accuracy vs an oracle"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Confusion matrix, macro-F1 and routing latency on the held-out routing set; answer accuracy of the
+    routed specialists against an oracle router that always picks the right one."""
+    from rsi.config import get_settings
+    from rsi.mol.evaluation import evaluate_router
+
+    home = get_settings().home
+    report = evaluate_router(_store(migrate=True), home, kind, per_level, threshold, answers)
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        return
+    labels = report.labels
+    table = Table("true \\ routed", *labels, title=f"router {kind}: {report.n} held-out turns, macro-F1 "
+                  f"{report.macro_f1:.4f}, accuracy {report.accuracy:.4f}")
+    for true in labels:
+        table.add_row(true, *[str(report.confusion[true][routed]) for routed in labels])
+    out.print(table)
+    out.print(f"routing latency: mean {report.latency_ms['mean']:.2f} ms, p50 {report.latency_ms['p50']:.2f} ms, "
+              f"p95 {report.latency_ms['p95']:.2f} ms")
+    for name, acc in report.answer_accuracy.items():
+        out.print(f"answer accuracy {name}: routed {acc['routed']:.3f}, oracle {acc['oracle']:.3f} (n {acc['n']})")
+
+
+@app.command("serve")
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    router_kind: str = typer.Option("ngram", "--router", help="a trained router: ngram or lora"),
+    threshold: float = typer.Option(0.5, "--threshold", min=0.0, max=1.0, help="below this confidence the base "
+                                    "model answers"),
+    engine: str = typer.Option("hf", "--engine", help="hf (in process) or openai (rsi's vLLM engine, runtime LoRA)"),
+    rate: float = typer.Option(5.0, "--rate", min=0.001, help="requests per second per key"),
+    burst: int = typer.Option(20, "--burst", min=1, help="requests a key may send at once"),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes (they share the state DB)"),
+) -> None:
+    """An OpenAI-compatible proxy over the specialists: /v1/models, /v1/chat/completions, /health, /metrics."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from rsi.errors import UserError
+    from rsi.mol.proxy import CONFIG_ENV, ServeConfig
+    from rsi.mol.routers import get_router_class, load_router
+
+    try:
+        config = ServeConfig(router=router_kind, threshold=threshold, engine=engine, rate=rate, burst=burst)
+    except ValidationError as exc:
+        raise UserError(f"--engine {engine!r}: expected hf or openai ({exc.errors()[0]['msg']})") from None
+    from rsi.config import get_settings
+
+    get_router_class(router_kind)
+    load_router(router_kind, get_settings().home)  # a missing router is a user error before the server starts
+    _store(migrate=True).dispose()
+    os.environ[CONFIG_ENV] = config.model_dump_json()
+    out.print(f"serving on http://{host}:{port}/v1 (router {router_kind}, engine {engine})")
+    uvicorn.run("rsi.mol.proxy:create_app", factory=True, host=host, port=port, workers=workers, log_level="warning")
 
 
 def main() -> None:

@@ -224,3 +224,50 @@ class Lease(Base):
     acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
     ttl_s: Mapped[int] = mapped_column(default=120)
+
+
+class SpecialistRow(Base):
+    """A lineage admitted to Mixture-of-LoRA serving (``rsi.mol``): its champion answers the turns routed to it."""
+
+    __tablename__ = "rsi_specialists"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    lineage: Mapped[str] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="CASCADE"), index=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    levels: Mapped[list[Any]]  # the family's levels its routing examples are drawn from
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """A bearer key of the serving proxy, stored as its SHA-256 (the key itself is shown once)."""
+
+    __tablename__ = "rsi_api_keys"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class ConversationRow(Base):
+    """A conversation of the serving proxy; its messages outlive the proxy process."""
+
+    __tablename__ = "rsi_conversations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    api_key: Mapped[str] = mapped_column(String(64), index=True)  # the key's name: a key sees its own only
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ConversationMessageRow(Base):
+    """One message of a conversation, in order; an assistant message names the specialist that wrote it."""
+
+    __tablename__ = "rsi_conversation_messages"
+    __table_args__ = (UniqueConstraint("conversation_id", "position"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("rsi_conversations.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int]
+    message: Mapped[dict[str, Any]]
+    specialist: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,1 @@
+"""Mixture-of-LoRA serving: the specialist registry, routers and the OpenAI-compatible proxy (``rsi serve``)."""

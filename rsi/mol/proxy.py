@@ -1,0 +1,454 @@
+"""``rsi serve``: an OpenAI-compatible proxy that answers each user turn with one LoRA specialist.
+
+Per request: check the bearer key and its rate limit; load the conversation (``conversation_id`` in the body or
+the ``X-RSI-Conversation-Id`` header) and append the new messages; pick the turn's specialist (the model name
+``rsi/<specialist>`` overrides, a tool result goes back to the specialist that made the call, else the router,
+and below its confidence threshold the base model without adapter); answer from the specialist's own view of the
+conversation; store the reply. The reply's ``model`` is ``rsi/<specialist>`` (``rsi/base`` for the base), and the
+``X-RSI-Specialist`` header and the ``rsi`` field say who answered and why.
+
+A completion-mode specialist (the built-in model) reads the current turn as its harness's episode would read:
+``rsi.episodes.transcript`` of the user's message, then its calls and the tool results, each result rendered
+through the harness's ``tool_template``; a reply that ``parse_call`` reads is a tool call. Earlier turns stay in
+the stored conversation, not in its view: its harness poses one task per episode. A chat-mode specialist reads
+the whole conversation through its base's chat template.
+
+Engines: ``hf`` (default) decodes in process, one ``HFBackend`` per base model, the specialists' adapters loaded
+by path into its adapter LRU; ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
+(``rsi.engine``; one base only; not covered by the tests here: it needs the engine venv).
+Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
+"""
+
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rsi.errors import UserError
+
+CONFIG_ENV = "RSI_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn workers started by import string
+CONVERSATION_HEADER = "X-RSI-Conversation-Id"
+SPECIALIST_HEADER = "X-RSI-Specialist"
+BASE = "base"
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    router: str = "ngram"
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    engine: Literal["hf", "openai"] = "hf"
+    rate: float = Field(5.0, gt=0, description="requests per second per key (token bucket refill)")
+    burst: int = Field(20, ge=1, description="requests a key may send at once")
+    max_tokens: int = Field(64, ge=1, description="reply length of the base model (no harness)")
+
+
+# ---- the request ---------------------------------------------------------------------------------------------
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # content parts: the text ones, joined
+            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[MessageIn] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1)
+    seed: int = 0
+    conversation_id: str | None = None
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.type, self.param, self.code, self.headers = status, type_, param, code, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- messages: OpenAI <-> stored <-> a specialist's view --------------------------------------------------------
+
+
+def stored_message(m: MessageIn) -> dict[str, Any]:
+    """A request message as the conversation stores it (OpenAI's shape, text content)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether a resent message is a stored one (a tool-call turn by its call ids: clients send its content as null)."""
+    ids = [[c["id"] for c in m.get("tool_calls") or []] for m in (a, b)]
+    keys = ("role", "tool_call_id") if ids[0] else ("role", "content", "tool_call_id")
+    return ids[0] == ids[1] and all((a.get(k) or None) == (b.get(k) or None) for k in keys)
+
+
+def new_part(stored: list[dict[str, Any]], sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a request adds to a stored conversation: a client may resend the whole history or only what is new."""
+    if len(sent) >= len(stored) and all(same_message(a, b) for a, b in zip(stored, sent)):
+        return sent[len(stored):]
+    return sent
+
+
+def call_specialist(call_id: str) -> str | None:
+    """The specialist a tool call id names (``call_<specialist>_<hex>``, as this proxy writes them)."""
+    if call_id.startswith("call_") and call_id.count("_") >= 2:
+        return call_id[len("call_"):call_id.rindex("_")]
+    return None
+
+
+def view(harness: Any, messages: list[dict[str, Any]]) -> list[Any]:
+    """A completion-mode specialist's view: the last user message and what followed it, tool results rendered
+    through the harness's tool template, calls written in its syntax."""
+    from rsi.episodes import render_call
+    from rsi.models import Message
+
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if start is None:
+        raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    out = []
+    for m in messages[start:]:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            for c in m["tool_calls"]:
+                calls[c["id"]] = (c["function"]["name"], _arguments(c))
+            text = m["content"] or "".join(render_call(harness, *calls[c["id"]]) for c in m["tool_calls"])
+            out.append(Message(role="assistant", content=text))
+        elif m["role"] == "tool":
+            if m.get("tool_call_id") not in calls:
+                raise ApiError(400, f"tool message for call {m.get('tool_call_id')!r}: no assistant tool call with "
+                               "that id precedes it in this turn", param="messages")
+            name, arguments = calls[m["tool_call_id"]]
+            try:
+                content = harness.render_tool({}, {"name": name, "arguments": arguments}, m["content"])
+            except UserError as exc:
+                raise ApiError(400, f"tool result of call {m['tool_call_id']!r} cannot be shown to the "
+                               f"specialist: {exc}", param="messages") from None
+            out.append(Message(role="tool", content=content, tool_call_id=m["tool_call_id"]))
+        elif m["role"] in ("user", "assistant"):
+            out.append(Message(role=m["role"], content=m["content"]))
+    return out
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call["function"]["arguments"] or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"tool call {call['id']!r}: function.arguments must be a JSON object string",
+                       param="messages")
+    return arguments
+
+
+# ---- the service: routing and answering, without HTTP ------------------------------------------------------------
+
+
+class Service:
+    """Specialists, router, backends and state DB behind the HTTP layer."""
+
+    def __init__(self, config: ServeConfig, store: Any, home: Path) -> None:
+        from rsi.mol.registry import Registry
+        from rsi.mol.routers import load_router
+        from rsi.mol.state import TokenBuckets
+
+        self.config, self.store, self.home = config, store, Path(home)
+        self.registry = Registry(store, self.home)
+        self.router = load_router(config.router, self.home)
+        self.buckets = TokenBuckets(config.rate, config.burst)
+        self._backends: dict[Path, Any] = {}
+
+    def backend(self, base_dir: Path) -> Any:
+        if base_dir not in self._backends:
+            from rsi.backends import get_backend
+
+            if self.config.engine == "openai":
+                from rsi import engine
+
+                if self._backends:
+                    raise UserError("the openai engine serves one base model; every specialist must share it")
+                state = engine.start(base_dir, self.home)
+                self._backends[base_dir] = get_backend("openai", base_url=state.base_url, tokenizer_dir=base_dir)
+            else:
+                self._backends[base_dir] = get_backend("hf", model_dir=base_dir)
+        return self._backends[base_dir]
+
+    def choose(self, model: str, messages: list[dict[str, Any]], specialists: list[str | None],
+               champions: dict[str, Any]) -> Any:
+        """The turn's route: model-name override, tool-call stickiness, else the router."""
+        from rsi.mol.routers import Route, decide
+
+        name = model.removeprefix("rsi/")
+        if model.startswith("rsi/") and name not in ("auto",):
+            if name == BASE:
+                return Route(specialist=None, confidence=1.0, scores={}, router="override", reason="model name")
+            if name not in champions:
+                raise ApiError(404, f"model {model!r} does not exist; models: {', '.join(self.model_ids(champions))}",
+                               param="model", code="model_not_found")
+            return Route(specialist=name, confidence=1.0, scores={}, router="override", reason="model name")
+        last = messages[-1]
+        if last["role"] == "tool":
+            for m, who in zip(reversed(messages), reversed(specialists)):
+                ids = [c["id"] for c in m.get("tool_calls") or []]
+                if m["role"] == "assistant" and last.get("tool_call_id") in ids:
+                    owner = who or call_specialist(last["tool_call_id"])
+                    if owner in champions:
+                        return Route(specialist=owner, confidence=1.0, scores={}, router="sticky",
+                                     reason="tool result goes back to the specialist that made the call")
+        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        if user is None:
+            raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
+        return decide(self.router, user["content"], list(champions), self.config.threshold)
+
+    @staticmethod
+    def model_ids(champions: dict[str, Any]) -> list[str]:
+        return ["rsi/auto", *[f"rsi/{n}" for n in champions], f"rsi/{BASE}"]
+
+    def answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest
+               ) -> tuple[dict[str, Any], str, int, int]:
+        """(assistant message, finish reason, prompt tokens, completion tokens) of the routed model."""
+        from rsi.backends.base import SamplingParams
+        from rsi.episodes import parse_call, transcript
+        from rsi.models import Message
+
+        wanted = req.max_completion_tokens or req.max_tokens
+        champion = champions.get(route.specialist) if route.specialist else None
+        if champion is None:  # the base model, no adapter, no harness: the last user message as its prompt
+            base_dir = next(iter(champions.values())).base_dir if champions else None
+            if base_dir is None:
+                raise ApiError(503, "no specialist has a promoted champion, so there is no base model to serve",
+                               type_="server_error")
+            params = SamplingParams(max_new_tokens=min(wanted or self.config.max_tokens, self.config.max_tokens),
+                                    temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+            user = next(m for m in reversed(messages) if m["role"] == "user")
+            out = self.backend(base_dir).generate([user["content"] or " "], params)[0][0]
+            return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
+        harness = champion.harness
+        doc = harness.document
+        params = SamplingParams(max_new_tokens=min(wanted or doc.decoding.max_new_tokens, doc.limits.max_completion_tokens),
+                                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=doc.decoding.stop)
+        backend, adapter = self.backend(champion.base_dir), str(champion.adapter_dir)
+        if harness.chat:
+            convo = [Message(role=m["role"], content=m["content"] or "") for m in messages if m["role"] != "tool"]
+            out = backend.chat([convo], harness.chat_tools, params, adapter=adapter)[0][0]
+            calls = [(c.name, c.arguments) for c in out.tool_calls]
+        else:
+            text = transcript(view(harness, messages))
+            out = backend.generate([text], params, adapter=adapter)[0][0]
+            call = parse_call(harness, out.text) if doc.tools and out.finish_reason == "stop" else None
+            calls = [call] if call else []
+        if calls:
+            tool_calls = [{"id": f"call_{route.specialist}_{uuid.uuid4().hex[:12]}", "type": "function",
+                           "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
+            return ({"role": "assistant", "content": out.text, "tool_calls": tool_calls}, "tool_calls",
+                    out.prompt_tokens, out.completion_tokens)
+        return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
+
+
+# ---- HTTP ----------------------------------------------------------------------------------------------------
+
+
+def create_app(config: ServeConfig | None = None, store: Any = None, home: Path | None = None):
+    """The FastAPI app; with no arguments (a uvicorn worker) its config comes from ``RSI_SERVE_CONFIG``."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+    from starlette.exceptions import HTTPException
+
+    from rsi.config import get_settings
+    from rsi.mol import state
+    from rsi.store import open_store
+
+    config = config or ServeConfig.model_validate_json(os.environ.get(CONFIG_ENV, "{}"))
+    home = home or get_settings().home
+    store = store or open_store()
+    service = Service(config, store, home)
+    metrics = CollectorRegistry()
+    requests = Counter("rsi_serve_requests", "HTTP requests by path and status", ["path", "status"], registry=metrics)
+    routed = Counter("rsi_serve_routed_turns", "turns answered, by specialist and how it was chosen",
+                     ["specialist", "router"], registry=metrics)
+    routing_s = Histogram("rsi_serve_routing_seconds", "time to pick a specialist", registry=metrics)
+    answer_s = Histogram("rsi_serve_answer_seconds", "time to generate a reply", registry=metrics)
+    tokens = Counter("rsi_serve_tokens", "tokens, by kind", ["kind"], registry=metrics)
+    app = FastAPI(title="rsi Mixture-of-LoRA proxy")
+
+    def error(exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(_validation_error(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code)))
+
+    @app.exception_handler(UserError)
+    async def _user(request: Request, exc: UserError) -> JSONResponse:
+        return error(ApiError(400, str(exc)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error(ApiError(500, f"internal error ({type(exc).__name__}); see the proxy's log", type_="server_error"))
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        response = await call_next(request)
+        requests.labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    def owner_of(request: Request) -> str:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        owner = state.key_owner(store, key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        if owner is None:
+            raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' with a key from "
+                           "`rsi keys create NAME`", type_="authentication_error", code="invalid_api_key")
+        wait = service.buckets.take(owner)
+        if wait > 0:
+            raise ApiError(429, f"rate limit of key {owner!r} exceeded ({config.rate}/s, burst {config.burst}); "
+                           f"retry in {wait:.2f} s", type_="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(max(1, round(wait)))})
+        return owner
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "specialists": sorted(service.registry.champions()), "router": config.router}
+
+    @app.get("/metrics")
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    def models(request: Request) -> dict[str, Any]:
+        owner_of(request)
+        champions = service.registry.champions()
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "rsi"}
+                                           for m in service.model_ids(champions)]}
+
+    @app.post("/v1/chat/completions")
+    def chat_completions(request: Request, body: dict[str, Any]) -> Any:
+        owner = owner_of(request)
+        try:
+            req = ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            raise _validation_error(exc.errors()) from None
+        conversation_id = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        sent = [stored_message(m) for m in req.messages]
+        if conversation_id:
+            try:
+                history = state.conversation_messages(store, conversation_id, owner)
+            except LookupError:
+                raise ApiError(404, f"conversation {conversation_id!r} does not exist for this key; omit "
+                               "conversation_id to start one", param="conversation_id",
+                               code="conversation_not_found") from None
+        else:
+            conversation_id, history = state.new_conversation(store, owner), []
+        added = new_part([m for m, _ in history], sent)
+        if not added or added[-1]["role"] not in ("user", "tool"):
+            raise ApiError(400, "the last message must be a user message or a tool result", param="messages")
+        messages = [m for m, _ in history] + added
+        specialists = [who for _, who in history] + [None] * len(added)
+        started = time.perf_counter()
+        champions = service.registry.champions()
+        route = service.choose(req.model, messages, specialists, champions)
+        routing_s.observe(time.perf_counter() - started)
+        started = time.perf_counter()
+        reply, finish, prompt_tokens, completion_tokens = service.answer(route, champions, messages, req)
+        answer_s.observe(time.perf_counter() - started)
+        who = route.specialist or BASE
+        state.append_messages(store, conversation_id, [(m, None) for m in added] + [(reply, who)])
+        routed.labels(who, route.router).inc()
+        tokens.labels("prompt").inc(prompt_tokens)
+        tokens.labels("completion").inc(completion_tokens)
+        info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,
+                "conversation_id": conversation_id}
+        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who}
+        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
+        if req.stream:
+            return StreamingResponse(_chunks(completion_id, created, model, reply, finish, info),
+                                     media_type="text/event-stream", headers=headers)
+        message = {"role": "assistant", "content": None if reply.get("tool_calls") else reply["content"]}
+        if reply.get("tool_calls"):
+            message["tool_calls"] = reply["tool_calls"]
+        body = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens},
+                "conversation_id": conversation_id, "rsi": info}
+        return JSONResponse(body, headers=headers)
+
+    return app
+
+
+def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any], finish: str, info: dict[str, Any]):
+    """The reply as OpenAI ``chat.completion.chunk`` server-sent events, ending with ``data: [DONE]``."""
+
+    def event(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+                 "conversation_id": info["conversation_id"], "rsi": info}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    if reply.get("tool_calls"):
+        yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(reply["tool_calls"])]})
+    else:
+        text = reply["content"]
+        for i in range(0, len(text), 4):
+            yield event({"content": text[i:i + 4]})
+    yield event({}, finish)
+    yield "data: [DONE]\n\n"
+
+
+def _validation_error(errors: list[dict[str, Any]]) -> ApiError:
+    """The first problem of a request body, named by its field, as a 400."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or "body"
+    return ApiError(400, f"invalid request: field {field!r}: {first.get('msg', 'invalid')}"
+                    + (" (n > 1 is not supported: one reply per request)" if loc == ["n"] else ""), param=field)

@@ -1,0 +1,331 @@
+"""Mixture-of-LoRA serving (``rsi.mol``): the specialist registry, the routers, and ``rsi serve`` answering the
+official ``openai`` client over HTTP, on the tiny base with two real LoRA specialists (addition, sorting).
+
+The specialists' lineages are state DB rows written here (a lineage, its harness, a pair, a promoted
+generation) around adapters trained with ``rsi.train`` on the families' own answers, which takes seconds; the
+cycle that would promote them is tested in test_cycle.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+ADDITION_LEVELS = (1, 2, 3)
+SORTING_LEVELS = (1, 2)
+
+
+def _train(base: Path, examples: list, out: Path, steps: int) -> Path:
+    from rsi.select import Dataset
+    from rsi.train import TrainSpec, train_adapter
+
+    spec = TrainSpec(steps=steps, batch_size=16, warmup=4, lr=1e-2, lora_r=8, lora_alpha=16)
+    train_adapter(base, None, Dataset(examples=tuple(examples)), spec, out, seed=0)
+    return out
+
+
+def addition_examples() -> list:
+    from rsi.hcp import load_harness
+    from rsi.parsers import digits_lsb
+    from rsi.select import Example
+    from rsi.tasks import get_family
+
+    harness, family = load_harness("addition/v2"), get_family("addition")
+    return [Example(trajectory_id=t.id, level=t.level, prompt=harness.prompt(t.payload),
+                    completion=digits_lsb(t.answer, 11), source="frontier")
+            for lvl in ADDITION_LEVELS for t in family.tasks("train", 11, lvl, 48)]
+
+
+def sorting_examples() -> list:
+    """The first turn of the expert's episodes: a list, then the call the expert makes first."""
+    from rsi.episodes import demonstration
+    from rsi.hcp import load_harness
+    from rsi.select import Example
+    from rsi.tasks import get_family
+
+    harness, family = load_harness("sorting/v1"), get_family("sorting")
+    return [Example(trajectory_id=t.id, level=lvl, prompt=harness.prompt(t.payload),
+                    completion=demonstration(harness, family, t).messages[1].content, source="frontier")
+            for lvl in SORTING_LEVELS for t in family.tasks("train", 11, lvl, 48)]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two real LoRA specialists on the tiny base, trained once for this module."""
+    root = tmp_path_factory.mktemp("specialists")
+    return {"addition": _train(tiny_base, addition_examples(), root / "addition", 30),
+            "sorting": _train(tiny_base, sorting_examples(), root / "sorting", 40)}
+
+
+def promote(store, lineage: str, family: str, harness_ref: str, adapter: Path, base: Path, number: int = 1) -> None:
+    """State DB rows of a lineage whose generation ``number`` is promoted with ``adapter`` on ``base``."""
+    from rsi.basemodel import model_hash
+    from rsi.cycle import load_config
+    from rsi.hcp import load_harness
+    from rsi.models import Pair
+    from rsi.store.harnesses import lock_harness
+    from rsi.store.schema import Generation, Lineage, PairRow
+    from rsi.train import adapter_hash
+
+    harness = load_harness(harness_ref)
+    pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter), harness_id=harness.id,
+                harness_hash=harness.hash)
+    with store.session() as s:
+        lock_harness(s, harness)
+        if s.get(Lineage, lineage) is None:
+            s.add(Lineage(name=lineage, family=family, spec=load_config("tiny", family=family, lineage=lineage,
+                                                                       harness=harness_ref).model_dump(mode="json")))
+        if s.get(PairRow, pair.id) is None:
+            s.add(PairRow(id=pair.id, lineage=lineage, base_model_hash=pair.base_model_hash,
+                          adapter_hash=pair.adapter_hash, adapter_uri=str(adapter), harness_id=harness.id,
+                          harness_hash=harness.hash))
+        s.add(Generation(lineage=lineage, number=number, candidate_pair_id=pair.id, status="promoted"))
+
+
+def seed_home(home: Path, base: Path) -> None:
+    target = home / "models" / base.name
+    if not target.exists():
+        shutil.copytree(base, target)
+
+
+@pytest.fixture
+def served(adapters: dict[str, Path], tiny_base: Path, rsi_home: Path):
+    """A state DB (SQLite in RSI_HOME) with the addition and sorting specialists admitted and an ngram router."""
+    from rsi.mol.registry import Registry, add_specialist
+    from rsi.mol.routers import train_router
+    from rsi.store import open_store
+
+    seed_home(rsi_home, tiny_base)
+    store = open_store()
+    promote(store, "addition", "addition", "harness_versions/addition/v2", adapters["addition"], tiny_base)
+    promote(store, "sorting", "sorting", "harness_versions/sorting/v1", adapters["sorting"], tiny_base)
+    add_specialist(store, "addition", description="adds two numbers", levels=ADDITION_LEVELS)
+    add_specialist(store, "sorting", description="sorts digits by swaps", levels=SORTING_LEVELS)
+    train_router("ngram", Registry(store, rsi_home).champions(), rsi_home, per_level=16)
+    yield store
+    store.dispose()
+
+
+def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, tiny_base, rsi_home) -> None:
+    """Specialists are rows; the champion comes from the state DB and a new promotion is seen without a new
+    Registry; bad names are user errors naming the fix. Keys verify by hash and stop at revocation."""
+    from rsi.errors import UserError
+    from rsi.mol import state
+    from rsi.mol.registry import Registry, add_specialist, list_specialists, remove_specialist
+    from rsi.store import open_store
+
+    seed_home(rsi_home, tiny_base)
+    store = open_store(db_url)
+    with pytest.raises(UserError, match="lineage 'addition' is not in the state DB"):
+        add_specialist(store, "addition")
+    promote(store, "addition", "addition", "harness_versions/addition/v2", adapters["addition"], tiny_base)
+    add_specialist(store, "addition", description="adds")
+    with pytest.raises(UserError, match="exists already"):
+        add_specialist(store, "addition")
+    with pytest.raises(UserError, match="specialist name"):
+        add_specialist(store, "addition", name="Bad Name")
+    registry = Registry(store, rsi_home)
+    first = registry.champions()["addition"]
+    assert (first.generation, first.adapter_dir, first.harness.id) == (1, adapters["addition"], "addition/v2")
+    promote(store, "addition", "addition", "harness_versions/addition/v2", adapters["sorting"], tiny_base, number=2)
+    second = registry.champions()["addition"]
+    assert (second.generation, second.adapter_dir) == (2, adapters["sorting"])
+    assert [s.name for s in list_specialists(store)] == ["addition"]
+    remove_specialist(store, "addition")
+    assert registry.champions() == {}
+    with pytest.raises(UserError, match="no specialist 'addition'"):
+        remove_specialist(store, "addition")
+
+    key = state.create_key(store, "alice")
+    assert state.key_owner(store, key) == "alice" and state.key_owner(store, key + "x") is None
+    assert key not in str(state.list_keys(store))
+    state.revoke_key(store, "alice")
+    assert state.key_owner(store, key) is None
+    conv = state.new_conversation(store, "alice")
+    state.append_messages(store, conv, [({"role": "user", "content": "hi"}, None)])
+    state.append_messages(store, conv, [({"role": "assistant", "content": "yo"}, "addition")])
+    assert state.conversation_messages(store, conv, "alice") == [
+        ({"role": "user", "content": "hi"}, None), ({"role": "assistant", "content": "yo"}, "addition")]
+    with pytest.raises(LookupError):
+        state.conversation_messages(store, conv, "bob")  # another key's conversation is not found
+    store.dispose()
+
+
+def test_routers_on_the_heldout_routing_set(served, rsi_home, monkeypatch) -> None:
+    """The ngram router separates the families on held-out tasks it never saw (macro-F1 >= 0.98) and sends
+    small talk to the base; the route adapter picks by log P(name) and is as good on this pair of families."""
+    from rsi.mol.evaluation import evaluate_router
+    from rsi.mol.routers import LoraRouter, decide, load_router, routing_examples, train_router
+    from rsi.mol.registry import Registry
+
+    champions = Registry(served, rsi_home).champions()
+    train = {e.task_id for e in routing_examples(champions, "train", 16)}
+    heldout = routing_examples(champions, "heldout", 8)
+    assert heldout and not train & {e.task_id for e in heldout}
+    report = evaluate_router(served, rsi_home, "ngram", 8, 0.5, answers=False)
+    assert report.macro_f1 >= 0.98 and report.n == len(heldout), report.confusion
+    assert sum(report.confusion["addition"].values()) == sum(e.specialist == "addition" for e in heldout)
+    ngram = load_router("ngram", rsi_home)
+    assert decide(ngram, "hello, how are you today?", list(champions), 0.5).specialist is None
+
+    monkeypatch.setattr(LoraRouter, "steps", 30)
+    manifest = train_router("lora", champions, rsi_home, per_level=8)
+    assert manifest["names"] == ["addition", "sorting"] and len(manifest["digest"]) == 64
+    lora = evaluate_router(served, rsi_home, "lora", 8, 0.5, answers=False)
+    assert lora.macro_f1 >= 0.98, lora.confusion
+
+
+class Server:
+    """``rsi.mol.proxy`` under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, store, home: Path, **config) -> None:
+        import uvicorn
+
+        from rsi.mol.proxy import ServeConfig, create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        app = create_app(ServeConfig(**config), store, home)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) -> None:
+    """The official client against a running proxy: routing by content, the reply of the routed adapter, tool
+    calls and stickiness, streaming, auth, OpenAI error bodies, rate limits, and a conversation continued from
+    the state DB after a restart."""
+    import httpx
+    import openai
+
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.state import create_key
+    from rsi.tasks import get_family
+
+    key = create_key(served, "tester")
+    addition, sorting = load_harness("addition/v2"), load_harness("sorting/v1")
+    add_task = get_family("addition").tasks("heldout", 3, 2, 1)[0]
+    sort_task = get_family("sorting").tasks("heldout", 3, 1, 1)[0]
+    direct = get_backend("hf", model_dir=tiny_base)
+    expected_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12),
+                                   adapter=str(adapters["addition"]))[0][0].text
+    base_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12))[0][0].text
+    assert expected_sum != base_sum  # so the reply shows which model answered
+
+    with Server(served, rsi_home, burst=12, rate=0.01) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        assert {m.id for m in client.models.list()} == {"rsi/auto", "rsi/addition", "rsi/sorting", "rsi/base"}
+        raw = client.chat.completions.with_raw_response.create(
+            model="rsi/auto", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
+        reply = raw.parse()
+        assert reply.model == "rsi/addition" and raw.headers["x-rsi-specialist"] == "addition"
+        assert reply.choices[0].message.content == expected_sum
+        conversation = raw.headers["x-rsi-conversation-id"]
+        assert reply.model_extra["conversation_id"] == conversation
+
+        sort_prompt = sorting.prompt(sort_task.payload)
+        call = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": sort_prompt}])
+        assert call.model == "rsi/sorting" and call.choices[0].finish_reason == "tool_calls"
+        tool_call = call.choices[0].message.tool_calls[0]
+        assert tool_call.function.name == "swap" and "i" in __import__("json").loads(tool_call.function.arguments)
+
+        chunks = list(client.chat.completions.create(
+            model="rsi/auto", stream=True, messages=[{"role": "user", "content": addition.prompt(add_task.payload)}]))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_sum
+        assert chunks[-1].choices[0].finish_reason == "stop" and {c.model for c in chunks} == {"rsi/addition"}
+
+        forced = client.chat.completions.create(
+            model="rsi/base", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
+        assert forced.model == "rsi/base" and forced.choices[0].message.content == base_sum
+        small_talk = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": "hello!"}])
+        assert small_talk.model == "rsi/base"
+
+        with pytest.raises(openai.AuthenticationError) as denied:
+            openai.OpenAI(base_url=f"{url}/v1", api_key="rsi-wrong", max_retries=0).models.list()
+        assert denied.value.status_code == 401 and denied.value.body["type"] == "authentication_error"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="rsi/nope", messages=[{"role": "user", "content": "1+1="}])
+        for body in ({"model": "rsi/auto"}, {"model": "rsi/auto", "messages": "hi"},
+                     {"model": "rsi/auto", "messages": [{"role": "robot", "content": "x"}]}):
+            bad = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
+        garbled = httpx.post(f"{url}/v1/chat/completions", content=b"{not json",
+                             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        assert garbled.status_code == 400 and "error" in garbled.json()
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 2.0' in metrics
+        with pytest.raises(openai.RateLimitError):  # the burst of 12 is spent, and it refills at 0.01/s
+            for _ in range(6):
+                client.models.list()
+
+    # a new proxy on the same state DB: the client sends only the tool result and the conversation id; the
+    # stored history says which call it answers, so it goes back to the specialist that made the call
+    with Server(served, rsi_home) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        first = client.chat.completions.with_raw_response.create(
+            model="rsi/auto", messages=[{"role": "user", "content": sort_prompt}]).parse()
+        conv, made = first.model_extra["conversation_id"], first.choices[0].message.tool_calls[0]
+    with Server(served, rsi_home) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        result = client.chat.completions.create(
+            model="rsi/auto", extra_body={"conversation_id": conv},
+            messages=[{"role": "tool", "tool_call_id": made.id, "content": "1234567"}])
+        assert result.model == "rsi/sorting" and result.model_extra["rsi"]["router"] == "sticky"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-unknown"},
+                                           messages=[{"role": "user", "content": "1+1="}])
+
+
+def _rsi(*args: str) -> "subprocess.CompletedProcess[str]":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "rsi", *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=600)
+
+
+def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
+    """The commands as a person runs them: user errors exit 2 naming the fix, no traceback; `rsi router eval`
+    reports the confusion matrix, macro-F1, latency and answer accuracy against the oracle."""
+    import json
+
+    missing = _rsi("specialists", "add", "nosuch")
+    assert missing.returncode == 2 and "run `rsi run` first" in missing.stderr and "Traceback" not in missing.stderr
+    listed = _rsi("specialists", "list")
+    assert listed.returncode == 0 and "addition" in listed.stdout and "generation 1" in listed.stdout
+    key = _rsi("keys", "create", "cli")
+    assert key.returncode == 0 and key.stdout.strip().startswith("rsi-")
+    again = _rsi("keys", "create", "cli")
+    assert again.returncode == 2 and "exists already" in again.stderr
+    unknown = _rsi("router", "train", "--kind", "svm")
+    assert unknown.returncode == 2 and "known routers: lora, ngram" in unknown.stderr
+    report = _rsi("router", "eval", "--kind", "ngram", "--per-level", "4", "--json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["macro_f1"] >= 0.98 and data["labels"] == ["addition", "sorting", "base"]
+    for name in ("addition", "sorting"):  # routed as the oracle routes, so the answers are the oracle's
+        acc = data["answer_accuracy"][name]
+        assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
