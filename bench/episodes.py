@@ -10,8 +10,11 @@ Two measurements, each a ratio against a baseline in the same run:
   the replay of every call included).
 - single turn: the hf backend's ``generate`` against ``model.generate`` (transformers, greedy, the same
   model, the same batch of addition-style prompts of equal length, the same max_new_tokens), new tokens/s and
-  the ratio backend / generate. The backend decodes with one intra-op thread (its determinism needs it,
-  ``rsi.backends.hf``); ``model.generate`` runs with torch's threads (``--threads`` sets both).
+  the ratio backend / generate. ``--threads`` sets torch's intra-op threads of both and of the hf engine;
+  the default 1 is what rsi's hf backend decodes with (``rsi.backends.hf``). ``--threads 0`` leaves torch's
+  default (a thread per core): on a 2-core machine the hf episodes then took 3-4x longer (5.7-7.3 s against
+  1.8 s for the same 256 episodes, 3 runs each) and ``model.generate`` swung between 676 and 30388 tok/s
+  with what else ran.
 
 The model is the sorting profile's base (``--model DIR`` to use another, e.g. a lineage's; it is built
 first when missing, ~3 min). Run:
@@ -128,10 +131,11 @@ def main() -> dict:
     parser.add_argument("--levels", default="2,4")
     parser.add_argument("--tasks", type=int, default=128, help="test tasks per level")
     parser.add_argument("--prompts", type=int, default=256, help="single-turn batch size")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
 
+    args.threads = args.threads or None
     model_dir = args.model or sorting_base()
     levels = [int(x) for x in args.levels.split(",")]
     arms = [episodes_arm(name.strip(), model_dir, levels, args.tasks, args.threads) for name in args.engines.split(",")]
