@@ -329,3 +329,62 @@ def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
     for name in ("addition", "sorting"):  # routed as the oracle routes, so the answers are the oracle's
         acc = data["answer_accuracy"][name]
         assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
+
+
+def test_concurrent_appends_to_one_conversation(db_url) -> None:
+    """Workers appending to one conversation at once all succeed: each turn is stored once, in some order, at
+    positions 0..n-1 (the (conversation, position) conflict is retried, not a 500)."""
+    from rsi.mol import state
+    from rsi.store import open_store
+
+    store = open_store(db_url)
+    conv = state.new_conversation(store, "alice")
+    barrier, failures = threading.Barrier(8), []
+
+    def worker(w: int) -> None:
+        barrier.wait()
+        for k in range(4):
+            try:
+                state.append_messages(store, conv, [({"role": "user", "content": f"{w}.{k}"}, None),
+                                                    ({"role": "assistant", "content": f"re {w}.{k}"}, "addition")])
+            except Exception as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:2]
+    stored = [m["content"] for m, _ in state.conversation_messages(store, conv, "alice")]
+    assert sorted(stored[0::2]) == sorted(f"{w}.{k}" for w in range(8) for k in range(4))
+    assert stored[1::2] == [f"re {q}" for q in stored[0::2]]  # each turn's two messages stay together
+    store.dispose()
+
+
+def test_rate_limits_are_shared_by_workers(db_url) -> None:
+    """Two proxy workers (two connection pools on one state DB) draw from one bucket per key: a burst of 3 is
+    3 requests in all, not 3 each, also when their requests race; another key has its own bucket."""
+    from rsi.mol.state import RateLimits
+    from rsi.store import open_store
+
+    stores = [open_store(db_url), open_store(db_url)]
+    workers = [RateLimits(s, rate=0.001, burst=3) for s in stores]
+    granted: list[bool] = []
+    barrier = threading.Barrier(6)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        granted.append(workers[i % 2].take("alice") == 0.0)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == 6 and sum(granted) == 3  # every request answered, three let through
+    wait = workers[0].take("alice")
+    assert wait > 100  # a token comes back after 1/rate seconds
+    assert workers[1].take("bob") == 0.0
+    for s in stores:
+        s.dispose()
