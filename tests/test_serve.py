@@ -388,3 +388,41 @@ def test_rate_limits_are_shared_by_workers(db_url) -> None:
     assert workers[1].take("bob") == 0.0
     for s in stores:
         s.dispose()
+
+
+def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None:
+    """A chat-mode specialist reads its own turns and, for each run of turns another specialist (or the base)
+    answered, one summary line before the next user message; never the other adapters' replies. No chat-mode
+    base is available here, so the backend is a fake that records what the specialist is shown."""
+    from rsi.backends.base import Completion
+    from rsi.hcp import load_harness
+    from rsi.mol.proxy import ChatRequest, ServeConfig, Service
+    from rsi.mol.registry import Champion, Specialist
+    from rsi.mol.routers import Route
+
+    class FakeChatBackend:
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def chat(self, conversations, tools, params, adapter=None):
+            self.seen += conversations
+            return [[Completion(text="fake reply", prompt_tokens=1, completion_tokens=2, finish_reason="stop")]]
+
+    service = Service(ServeConfig(), served, rsi_home)
+    fake = service._backends[rsi_home / "fake-chat-base"] = FakeChatBackend()
+    chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
+                      load_harness("harness_versions/addition/smollm2-v1"), rsi_home / "fake-chat-base")
+    turns = [("q1", "addition"), ("q2", "addition"), ("q3", "chatty"), ("q4", "base")]
+    messages, specialists = [], []
+    for question, who in turns:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": f"{who} says"}]
+        specialists += [None, who]
+    messages.append({"role": "user", "content": "q5"})
+    specialists.append(None)
+    route = Route(specialist="chatty", confidence=1.0, scores={}, router="override", reason="model name")
+    reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages,
+                                         ChatRequest(model="rsi/chatty", messages=messages), specialists)
+    assert (reply["content"], finish) == ("fake reply", "stop")
+    assert [(m.role, m.content) for m in fake.seen[0]] == [
+        ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
+        ("user", "[earlier: base answered 1 turn]\nq5")]
