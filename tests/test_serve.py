@@ -426,3 +426,61 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     assert [(m.role, m.content) for m in fake.seen[0]] == [
         ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
         ("user", "[earlier: base answered 1 turn]\nq5")]
+
+
+def test_rsi_serve_command_answers_concurrent_clients_and_stops_on_sigterm(served, adapters, tiny_base) -> None:
+    """`rsi serve` as a person starts it: concurrent first requests (one base loaded once, their decoding
+    batched) each get the reply the routed adapter gives that prompt alone; SIGTERM stops it cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import openai
+
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.state import create_key
+    from rsi.tasks import get_family
+
+    key = create_key(served, "cli-serve")
+    addition = load_harness("addition/v2")
+    prompts = [addition.prompt(t.payload) for t in get_family("addition").tasks("heldout", 5, 2, 6)]
+    expected = [c[0].text for c in get_backend("hf", model_dir=tiny_base).generate(
+        prompts, SamplingParams(max_new_tokens=12), adapter=str(adapters["addition"]))]
+    assert len(set(expected)) > 1  # so a reply given to the wrong request shows
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "rsi", "serve", "--port", str(port)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "rsi serve did not answer /health"
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+        def ask(prompt: str) -> str:
+            reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": prompt}])
+            assert reply.model == "rsi/addition"
+            return reply.choices[0].message.content
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            assert list(pool.map(ask, prompts)) == expected
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 128 + signal.SIGTERM) and "Traceback" not in stderr, stderr
+    assert "serving on" in stdout
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
