@@ -1,6 +1,7 @@
 """Serving load: latency and requests/s of ``rsi serve`` against the engine it wraps, with 1, 8 and 32 clients.
 
-Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load); every
+Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
+two arms below alternate ``--rounds`` times at each client count, their latencies pooled; every
 request is a real chat completion: an addition question in the specialist's harness format (one level, so the
 prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
 Two arms per engine and client count, measured in the same run:
@@ -70,7 +71,7 @@ class Arm:
 # ---- data ------------------------------------------------------------------------------------------------
 
 
-def prepare(level: int) -> tuple[object, object, str, str]:
+def prepare() -> tuple[object, object, str, str]:
     """(store, champion, key name, key) of the home: the specialist admitted and the ngram router trained when
     missing; a home without a promoted addition lineage is an error that says what to run."""
     from rsi.config import get_settings
@@ -110,9 +111,10 @@ def questions(champion, level: int, count: int) -> list[str]:
 # ---- load ------------------------------------------------------------------------------------------------
 
 
-def load(engine: str, arm: str, send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
-         per_client: int) -> Arm:
-    """``clients`` threads, each sending ``per_client`` requests in a row; a request that raises is an error."""
+def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int, per_client: int
+         ) -> tuple[list[float], list[str], float]:
+    """``clients`` threads, each sending ``per_client`` requests in a row: (latencies of the requests that
+    succeeded, errors of those that raised, wall seconds)."""
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -139,12 +141,20 @@ def load(engine: str, arm: str, send: Callable[[int, str], None], prompts: Seque
     started = time.perf_counter()
     for t in threads:
         t.join()
-    seconds = time.perf_counter() - started
-    if errors:
-        print(f"{engine} {arm} x{clients}: {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
+    return latencies, errors, time.perf_counter() - started
+
+
+def measure(engine: str, arm: str, send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
+            per_client: int, rounds: list[tuple[list[float], list[str], float]]) -> Arm:
+    """One more round of ``load`` into ``rounds``, and the arm over all its rounds so far."""
+    rounds.append(load(send, prompts, clients, per_client))
+    latencies = [x for r in rounds for x in r[0]]
+    errors = [e for r in rounds for e in r[1]]
+    if rounds[-1][1]:
+        print(f"{engine} {arm} x{clients}: {len(rounds[-1][1])} errors, first: {rounds[-1][1][0]}", file=sys.stderr)
     ms = sorted(1000 * x for x in latencies) or [float("nan")]
-    return Arm(engine, arm, clients, clients * per_client, len(errors), seconds, statistics.median(ms),
-               ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))])
+    return Arm(engine, arm, clients, clients * per_client * len(rounds), len(errors), sum(r[2] for r in rounds),
+               statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))])
 
 
 def http_clients(count: int, **headers: str) -> list:
@@ -245,7 +255,9 @@ def direct_vllm(champion, params, clients: int) -> Iterator[Callable[[int, str],
             engine.stop(get_settings().home)
 
 
-def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int) -> list[Arm]:
+def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int,
+               rounds: int) -> list[Arm]:
+    """Both arms at each client count, alternating ``rounds`` times (the machine's other load drifts)."""
     from rsi.mol.proxy import specialist_params
 
     params = specialist_params(champion.harness, None)
@@ -254,10 +266,13 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
     with direct as send_direct, proxy("hf" if engine == "hf" else "openai") as url:
         send_proxy = proxy_sender(url, key, max(clients))
         for send in (send_direct, send_proxy):  # warm-up: adapters loaded, first-call costs paid
-            load(engine, "warm-up", send, prompts, 4, 2)
+            load(send, prompts, 4, 2)
         for n in clients:
-            arms.append(load(engine, "direct", send_direct, prompts, n, per_client))
-            arms.append(load(engine, "proxy", send_proxy, prompts, n, per_client))
+            done: dict[str, list] = {"direct": [], "proxy": []}
+            for _ in range(rounds):
+                direct_arm = measure(engine, "direct", send_direct, prompts, n, per_client, done["direct"])
+                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, per_client, done["proxy"])
+            arms += [direct_arm, proxy_arm]
     return arms
 
 
@@ -294,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--engines", default="hf", help="comma-separated, of hf and vllm")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
     parser.add_argument("--per-client", type=int, default=8, help="requests each client sends")
+    parser.add_argument("--rounds", type=int, default=3, help="times each arm runs, alternating, pooled")
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -301,12 +317,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from rsi.mol.state import revoke_key
 
     clients = [int(c) for c in args.clients.split(",")]
-    store, champion, key_name, key = prepare(args.level)
+    store, champion, key_name, key = prepare()
     prompts = questions(champion, args.level, max(clients) * args.per_client)
     arms: list[Arm] = []
     try:
         for engine in args.engines.split(","):
-            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client)
+            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client, args.rounds)
     finally:
         revoke_key(store, key_name)
     rows = ratios(arms)
@@ -315,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "command": "python bench/serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "specialist": {"name": SPECIALIST, "generation": champion.generation, "harness": champion.harness.id,
                        "base": str(champion.base_dir)},
-        "level": args.level, "per_client": args.per_client,
+        "level": args.level, "per_client": args.per_client, "rounds": args.rounds,
         "arms": [asdict(a) | {"requests_per_s": a.requests_per_s} for a in arms],
         "proxy_over_direct": rows,
         "machine": machine_info(None),

@@ -11,10 +11,16 @@ A completion-mode specialist (the built-in model) reads the current turn as its 
 ``rsi.episodes.transcript`` of the user's message, then its calls and the tool results, each result rendered
 through the harness's ``tool_template``; a reply that ``parse_call`` reads is a tool call. Earlier turns stay in
 the stored conversation, not in its view: its harness poses one task per episode. A chat-mode specialist reads
-the whole conversation through its base's chat template.
+the conversation through its base's chat template: its own turns whole, the turns other specialists answered as
+one summary line each run (``chat_view``); the stored conversation names who answered each turn.
+
+Rate limits are a token bucket per key in the state DB, shared by every worker (``rsi.mol.state.RateLimits``);
+key owners and champions are read from the DB at most every ``CACHE_S`` seconds, so a revoked key or a new
+champion takes effect within that. A new conversation is stored with its first turn in one transaction; turns
+appended to one conversation at once are stored one after the other (``append_messages`` retries).
 
 Engines: ``hf`` (default) decodes in process, one ``HFBackend`` per base model, the specialists' adapters loaded
-by path into its adapter LRU; ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
+by path into its adapter LRU, concurrent requests with equal settings decoded in one batch (``rsi.mol.batching``); ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
 (``rsi.engine``; one base only; not covered by the tests here: it needs the engine venv).
 Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
 """
