@@ -479,7 +479,11 @@ def test_rsi_serve_command_answers_concurrent_clients_and_stops_on_sigterm(serve
             assert list(pool.map(ask, prompts)) == expected
     finally:
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
     assert proc.returncode in (0, 128 + signal.SIGTERM) and "Traceback" not in stderr, stderr
     assert "serving on" in stdout
     with pytest.raises(httpx.TransportError):
