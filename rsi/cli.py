@@ -761,7 +761,8 @@ def serve_cmd(
     threshold: float = typer.Option(0.5, "--threshold", min=0.0, max=1.0, help="below this confidence the base "
                                     "model answers"),
     engine: str = typer.Option("hf", "--engine", help="hf (in process) or openai (rsi's vLLM engine, runtime LoRA)"),
-    rate: float = typer.Option(5.0, "--rate", min=0.001, help="requests per second per key"),
+    rate: float = typer.Option(5.0, "--rate", min=0.001, help="requests per second per key (shared by all workers "
+                               "and proxies on the state DB)"),
     burst: int = typer.Option(20, "--burst", min=1, help="requests a key may send at once"),
     workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes (they share the state DB)"),
 ) -> None:

@@ -329,3 +329,162 @@ def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
     for name in ("addition", "sorting"):  # routed as the oracle routes, so the answers are the oracle's
         acc = data["answer_accuracy"][name]
         assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
+
+
+def test_concurrent_appends_to_one_conversation(db_url) -> None:
+    """Workers appending to one conversation at once all succeed: each turn is stored once, in some order, at
+    positions 0..n-1 (the (conversation, position) conflict is retried, not a 500)."""
+    from rsi.mol import state
+    from rsi.store import open_store
+
+    store = open_store(db_url)
+    conv = state.new_conversation(store, "alice")
+    barrier, failures = threading.Barrier(8), []
+
+    def worker(w: int) -> None:
+        barrier.wait()
+        for k in range(4):
+            try:
+                state.append_messages(store, conv, [({"role": "user", "content": f"{w}.{k}"}, None),
+                                                    ({"role": "assistant", "content": f"re {w}.{k}"}, "addition")])
+            except Exception as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:2]
+    stored = [m["content"] for m, _ in state.conversation_messages(store, conv, "alice")]
+    assert sorted(stored[0::2]) == sorted(f"{w}.{k}" for w in range(8) for k in range(4))
+    assert stored[1::2] == [f"re {q}" for q in stored[0::2]]  # each turn's two messages stay together
+    store.dispose()
+
+
+def test_rate_limits_are_shared_by_workers(db_url) -> None:
+    """Two proxy workers (two connection pools on one state DB) draw from one bucket per key: a burst of 3 is
+    3 requests in all, not 3 each, also when their requests race; another key has its own bucket."""
+    from rsi.mol.state import RateLimits
+    from rsi.store import open_store
+
+    stores = [open_store(db_url), open_store(db_url)]
+    workers = [RateLimits(s, rate=0.001, burst=3) for s in stores]
+    granted: list[bool] = []
+    barrier = threading.Barrier(6)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        granted.append(workers[i % 2].take("alice") == 0.0)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == 6 and sum(granted) == 3  # every request answered, three let through
+    wait = workers[0].take("alice")
+    assert wait > 100  # a token comes back after 1/rate seconds
+    assert workers[1].take("bob") == 0.0
+    for s in stores:
+        s.dispose()
+
+
+def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None:
+    """A chat-mode specialist reads its own turns and, for each run of turns another specialist (or the base)
+    answered, one summary line before the next user message; never the other adapters' replies. No chat-mode
+    base is available here, so the backend is a fake that records what the specialist is shown."""
+    from rsi.backends.base import Completion
+    from rsi.hcp import load_harness
+    from rsi.mol.proxy import ChatRequest, ServeConfig, Service
+    from rsi.mol.registry import Champion, Specialist
+    from rsi.mol.routers import Route
+
+    class FakeChatBackend:
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def chat(self, conversations, tools, params, adapter=None):
+            self.seen += conversations
+            return [[Completion(text="fake reply", prompt_tokens=1, completion_tokens=2, finish_reason="stop")]]
+
+    service = Service(ServeConfig(), served, rsi_home)
+    fake = service._backends[rsi_home / "fake-chat-base"] = FakeChatBackend()
+    chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
+                      load_harness("harness_versions/addition/smollm2-v1"), rsi_home / "fake-chat-base")
+    turns = [("q1", "addition"), ("q2", "addition"), ("q3", "chatty"), ("q4", "base")]
+    messages, specialists = [], []
+    for question, who in turns:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": f"{who} says"}]
+        specialists += [None, who]
+    messages.append({"role": "user", "content": "q5"})
+    specialists.append(None)
+    route = Route(specialist="chatty", confidence=1.0, scores={}, router="override", reason="model name")
+    reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages,
+                                         ChatRequest(model="rsi/chatty", messages=messages), specialists)
+    assert (reply["content"], finish) == ("fake reply", "stop")
+    assert [(m.role, m.content) for m in fake.seen[0]] == [
+        ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
+        ("user", "[earlier: base answered 1 turn]\nq5")]
+
+
+def test_rsi_serve_command_answers_concurrent_clients_and_stops_on_sigterm(served, adapters, tiny_base) -> None:
+    """`rsi serve` as a person starts it: concurrent first requests (one base loaded once, their decoding
+    batched) each get the reply the routed adapter gives that prompt alone; SIGTERM stops it cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import openai
+
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.state import create_key
+    from rsi.tasks import get_family
+
+    key = create_key(served, "cli-serve")
+    addition = load_harness("addition/v2")
+    prompts = [addition.prompt(t.payload) for t in get_family("addition").tasks("heldout", 5, 2, 6)]
+    expected = [c[0].text for c in get_backend("hf", model_dir=tiny_base).generate(
+        prompts, SamplingParams(max_new_tokens=12), adapter=str(adapters["addition"]))]
+    assert len(set(expected)) > 1  # so a reply given to the wrong request shows
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "rsi", "serve", "--port", str(port)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "rsi serve did not answer /health"
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+        def ask(prompt: str) -> str:
+            reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": prompt}])
+            assert reply.model == "rsi/addition"
+            return reply.choices[0].message.content
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            assert list(pool.map(ask, prompts)) == expected
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode in (0, 128 + signal.SIGTERM) and "Traceback" not in stderr, stderr
+    assert "serving on" in stdout
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)

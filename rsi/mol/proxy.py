@@ -11,10 +11,16 @@ A completion-mode specialist (the built-in model) reads the current turn as its 
 ``rsi.episodes.transcript`` of the user's message, then its calls and the tool results, each result rendered
 through the harness's ``tool_template``; a reply that ``parse_call`` reads is a tool call. Earlier turns stay in
 the stored conversation, not in its view: its harness poses one task per episode. A chat-mode specialist reads
-the whole conversation through its base's chat template.
+the conversation through its base's chat template: its own turns whole, the turns other specialists answered as
+one summary line each run (``chat_view``); the stored conversation names who answered each turn.
+
+Rate limits are a token bucket per key in the state DB, shared by every worker (``rsi.mol.state.RateLimits``);
+key owners and champions are read from the DB at most every ``CACHE_S`` seconds, so a revoked key or a new
+champion takes effect within that. A new conversation is stored with its first turn in one transaction; turns
+appended to one conversation at once are stored one after the other (``append_messages`` retries).
 
 Engines: ``hf`` (default) decodes in process, one ``HFBackend`` per base model, the specialists' adapters loaded
-by path into its adapter LRU; ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
+by path into its adapter LRU, concurrent requests with equal settings decoded in one batch (``rsi.mol.batching``); ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
 (``rsi.engine``; one base only; not covered by the tests here: it needs the engine venv).
 Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
 """
@@ -22,8 +28,10 @@ Streaming sends the finished reply as OpenAI chunks (the backends decode whole r
 
 import json
 import os
+import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +43,7 @@ CONFIG_ENV = "RSI_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn workers 
 CONVERSATION_HEADER = "X-RSI-Conversation-Id"
 SPECIALIST_HEADER = "X-RSI-Specialist"
 BASE = "base"
+CACHE_S = 2.0  # how long the proxy trusts what it read of keys and champions
 
 
 class ServeConfig(BaseModel):
@@ -170,6 +179,35 @@ def view(harness: Any, messages: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
+def chat_view(messages: list[dict[str, Any]], specialists: list[str | None], me: str | None) -> list[Any]:
+    """A chat-mode specialist's view: the conversation through its own turns, each run of turns another
+    specialist answered replaced by a one-line summary (``[earlier: addition answered 2 turns]``) put before the
+    next user message, so it neither reads nor imitates another adapter's replies. A turn is a user message and
+    what follows it; its answerer is the specialist of its assistant messages."""
+    from rsi.models import Message
+
+    turns: list[tuple[list[dict[str, Any]], str | None]] = []
+    for m, who in zip(messages, specialists):
+        if m["role"] == "user" or not turns:
+            turns.append(([], None))
+        turns[-1][0].append(m)
+        if who is not None:
+            turns[-1] = (turns[-1][0], who)
+    out: list[Message] = []
+    others: Counter[str] = Counter()
+    for turn, who in turns:
+        if who is not None and who != me and turn[0]["role"] == "user":
+            others[who] += 1
+            continue
+        for m in turn:
+            content = m["content"] or ""
+            if others and m["role"] == "user":
+                summary = ", ".join(f"{name} answered {n} turn{'s' * (n > 1)}" for name, n in others.items())
+                content, others = f"[earlier: {summary}]\n{content}", Counter()
+            out.append(Message(role=m["role"], content=content, tool_call_id=m.get("tool_call_id")))
+    return out
+
+
 def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     try:
         arguments = json.loads(call["function"]["arguments"] or "{}")
@@ -181,6 +219,16 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
     return arguments
 
 
+def specialist_params(harness: Any, max_tokens: int | None, temperature: float = 0.0, top_p: float = 1.0,
+                      seed: int = 0) -> Any:
+    """A specialist's sampling: its harness's decoding (stop strings, reply length capped by its limits)."""
+    from rsi.backends.base import SamplingParams
+
+    doc = harness.document
+    return SamplingParams(max_new_tokens=min(max_tokens or doc.decoding.max_new_tokens, doc.limits.max_completion_tokens),
+                          temperature=temperature, top_p=top_p, seed=seed, stop=doc.decoding.stop)
+
+
 # ---- the service: routing and answering, without HTTP ------------------------------------------------------------
 
 
@@ -190,28 +238,43 @@ class Service:
     def __init__(self, config: ServeConfig, store: Any, home: Path) -> None:
         from rsi.mol.registry import Registry
         from rsi.mol.routers import load_router
-        from rsi.mol.state import TokenBuckets
+        from rsi.mol.state import RateLimits, Recent
 
         self.config, self.store, self.home = config, store, Path(home)
         self.registry = Registry(store, self.home)
         self.router = load_router(config.router, self.home)
-        self.buckets = TokenBuckets(config.rate, config.burst)
+        self.limits = RateLimits(store, config.rate, config.burst)
+        self._recent = Recent(CACHE_S)
         self._backends: dict[Path, Any] = {}
+        self._backends_lock = threading.Lock()  # concurrent first requests must not load a base twice
+
+    def owner(self, key: str) -> str | None:
+        """The active key's name (remembered for ``CACHE_S``: a revocation reaches the proxy within it)."""
+        from rsi.mol.state import key_owner
+
+        return self._recent.get(("key", key), lambda: key_owner(self.store, key))
+
+    def champions(self) -> dict[str, Any]:
+        """The registry's champions (remembered for ``CACHE_S``: a promotion reaches the proxy within it)."""
+        return self._recent.get("champions", self.registry.champions)
 
     def backend(self, base_dir: Path) -> Any:
-        if base_dir not in self._backends:
-            from rsi.backends import get_backend
+        with self._backends_lock:
+            if base_dir not in self._backends:
+                from rsi.backends import get_backend
 
-            if self.config.engine == "openai":
-                from rsi import engine
+                if self.config.engine == "openai":
+                    from rsi import engine
 
-                if self._backends:
-                    raise UserError("the openai engine serves one base model; every specialist must share it")
-                state = engine.start(base_dir, self.home)
-                self._backends[base_dir] = get_backend("openai", base_url=state.base_url, tokenizer_dir=base_dir)
-            else:
-                self._backends[base_dir] = get_backend("hf", model_dir=base_dir)
-        return self._backends[base_dir]
+                    if self._backends:
+                        raise UserError("the openai engine serves one base model; every specialist must share it")
+                    state = engine.start(base_dir, self.home)
+                    self._backends[base_dir] = get_backend("openai", base_url=state.base_url, tokenizer_dir=base_dir)
+                else:  # decodes one call at a time: concurrent requests go together (rsi.mol.batching)
+                    from rsi.mol.batching import Batcher
+
+                    self._backends[base_dir] = Batcher(get_backend("hf", model_dir=base_dir))
+            return self._backends[base_dir]
 
     def choose(self, model: str, messages: list[dict[str, Any]], specialists: list[str | None],
                champions: dict[str, Any]) -> Any:
@@ -244,12 +307,11 @@ class Service:
     def model_ids(champions: dict[str, Any]) -> list[str]:
         return ["rsi/auto", *[f"rsi/{n}" for n in champions], f"rsi/{BASE}"]
 
-    def answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest
-               ) -> tuple[dict[str, Any], str, int, int]:
+    def answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest,
+               specialists: list[str | None]) -> tuple[dict[str, Any], str, int, int]:
         """(assistant message, finish reason, prompt tokens, completion tokens) of the routed model."""
         from rsi.backends.base import SamplingParams
         from rsi.episodes import parse_call, transcript
-        from rsi.models import Message
 
         wanted = req.max_completion_tokens or req.max_tokens
         champion = champions.get(route.specialist) if route.specialist else None
@@ -265,11 +327,10 @@ class Service:
             return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
         harness = champion.harness
         doc = harness.document
-        params = SamplingParams(max_new_tokens=min(wanted or doc.decoding.max_new_tokens, doc.limits.max_completion_tokens),
-                                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=doc.decoding.stop)
+        params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed)
         backend, adapter = self.backend(champion.base_dir), str(champion.adapter_dir)
         if harness.chat:
-            convo = [Message(role=m["role"], content=m["content"] or "") for m in messages if m["role"] != "tool"]
+            convo = chat_view(messages, specialists, route.specialist)
             out = backend.chat([convo], harness.chat_tools, params, adapter=adapter)[0][0]
             calls = [(c.name, c.arguments) for c in out.tool_calls]
         else:
@@ -303,6 +364,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     config = config or ServeConfig.model_validate_json(os.environ.get(CONFIG_ENV, "{}"))
     home = home or get_settings().home
     store = store or open_store()
+    _sync_at_checkpoints(store)
     service = Service(config, store, home)
     metrics = CollectorRegistry()
     requests = Counter("rsi_serve_requests", "HTTP requests by path and status", ["path", "status"], registry=metrics)
@@ -344,11 +406,11 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     def owner_of(request: Request) -> str:
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        owner = state.key_owner(store, key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        owner = service.owner(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
         if owner is None:
             raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' with a key from "
                            "`rsi keys create NAME`", type_="authentication_error", code="invalid_api_key")
-        wait = service.buckets.take(owner)
+        wait = service.limits.take(owner)
         if wait > 0:
             raise ApiError(429, f"rate limit of key {owner!r} exceeded ({config.rate}/s, burst {config.burst}); "
                            f"retry in {wait:.2f} s", type_="rate_limit_error", code="rate_limit_exceeded",
@@ -357,7 +419,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "specialists": sorted(service.registry.champions()), "router": config.router}
+        return {"status": "ok", "specialists": sorted(service.champions()), "router": config.router}
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
@@ -366,7 +428,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
         owner_of(request)
-        champions = service.registry.champions()
+        champions = service.champions()
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "rsi"}
                                            for m in service.model_ids(champions)]}
 
@@ -378,30 +440,35 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
         conversation_id = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        continued = bool(conversation_id)
         sent = [stored_message(m) for m in req.messages]
-        if conversation_id:
+        if continued:
             try:
                 history = state.conversation_messages(store, conversation_id, owner)
             except LookupError:
                 raise ApiError(404, f"conversation {conversation_id!r} does not exist for this key; omit "
                                "conversation_id to start one", param="conversation_id",
                                code="conversation_not_found") from None
-        else:
-            conversation_id, history = state.new_conversation(store, owner), []
+        else:  # stored with its first turn, in one transaction
+            conversation_id, history = state.new_conversation_id(), []
         added = new_part([m for m, _ in history], sent)
         if not added or added[-1]["role"] not in ("user", "tool"):
             raise ApiError(400, "the last message must be a user message or a tool result", param="messages")
         messages = [m for m, _ in history] + added
         specialists = [who for _, who in history] + [None] * len(added)
         started = time.perf_counter()
-        champions = service.registry.champions()
+        champions = service.champions()
         route = service.choose(req.model, messages, specialists, champions)
         routing_s.observe(time.perf_counter() - started)
         started = time.perf_counter()
-        reply, finish, prompt_tokens, completion_tokens = service.answer(route, champions, messages, req)
+        reply, finish, prompt_tokens, completion_tokens = service.answer(route, champions, messages, req, specialists)
         answer_s.observe(time.perf_counter() - started)
         who = route.specialist or BASE
-        state.append_messages(store, conversation_id, [(m, None) for m in added] + [(reply, who)])
+        turn = [(m, None) for m in added] + [(reply, who)]
+        if continued:
+            state.append_messages(store, conversation_id, turn)
+        else:
+            state.start_conversation(store, conversation_id, owner, turn)
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
@@ -423,6 +490,17 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         return JSONResponse(body, headers=headers)
 
     return app
+
+
+def _sync_at_checkpoints(store: Any) -> None:
+    """SQLite in WAL mode with ``synchronous=NORMAL`` on the proxy's connections: a commit no longer waits for
+    an fsync (4 ms of each request's 2 writes on this machine's disk); a killed proxy still loses nothing
+    committed, only a power loss may drop the last turns (SQLite's documented WAL trade-off)."""
+    from sqlalchemy import event
+
+    if store.engine.dialect.name == "sqlite":
+        event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA synchronous=NORMAL"))
+        store.engine.dispose()  # connections opened before the listener get it when opened again
 
 
 def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any], finish: str, info: dict[str, Any]):

@@ -1,13 +1,14 @@
-"""What the serving proxy keeps in the state DB (API keys, conversations) and in memory (rate limits).
+"""What the serving proxy keeps in the state DB: API keys, conversations and rate limits.
 
 A key is a random token shown once; the DB holds its SHA-256 (the token has 256 random bits, so a fast hash
-is enough: nothing to brute-force). Conversations are rows, so they survive a restart and every proxy worker
-on the same DB sees them.
+is enough: nothing to brute-force). Conversations and rate-limit buckets are rows, so they survive a restart and
+every proxy worker on the same DB shares them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import secrets
 import threading
 import time
@@ -71,13 +72,42 @@ def key_owner(store: Store, key: str) -> str | None:
         return row.name if row is not None and row.revoked_at is None else None
 
 
+class Recent:
+    """Values remembered for ``ttl_s`` seconds (thread-safe), so the proxy does not ask the state DB on every
+    request what it asked a moment ago (a key's owner, the champions); a revoked key or a new champion is seen
+    within ``ttl_s``. None is not remembered (a wrong key is asked again; no growth from made-up keys)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._values: dict[Any, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, compute: Any) -> Any:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._values.get(key)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        value = compute()
+        if value is not None:
+            with self._lock:
+                if len(self._values) > 4096:
+                    self._values = {k: v for k, v in self._values.items() if now - v[0] < self.ttl_s}
+                self._values[key] = (now, value)
+        return value
+
+
 # ---- conversations ---------------------------------------------------------------------------------------
+
+
+def new_conversation_id() -> str:
+    return "conv-" + uuid.uuid4().hex
 
 
 def new_conversation(store: Store, owner: str) -> str:
     from rsi.store.schema import ConversationRow
 
-    conversation_id = "conv-" + uuid.uuid4().hex
+    conversation_id = new_conversation_id()
     with store.session() as s:
         s.add(ConversationRow(id=conversation_id, api_key=owner))
     return conversation_id
@@ -97,38 +127,103 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
         return [(r.message, r.specialist) for r in rows]
 
 
-def append_messages(store: Store, conversation_id: str, messages: list[tuple[dict[str, Any], str | None]]) -> None:
-    """Append messages after the stored ones, in one transaction (two writers cannot take one position: the
-    unique (conversation, position) constraint refuses the second)."""
-    from rsi.store.schema import ConversationMessageRow
+def start_conversation(store: Store, conversation_id: str, owner: str,
+                       messages: list[tuple[dict[str, Any], str | None]]) -> None:
+    """A new conversation with its first messages, in one transaction (its first turn costs one write)."""
+    from rsi.store.schema import ConversationMessageRow, ConversationRow
 
     with store.session() as s:
-        start = s.scalar(select(func.count()).select_from(ConversationMessageRow)
-                         .where(ConversationMessageRow.conversation_id == conversation_id)) or 0
-        for i, (message, specialist) in enumerate(messages):
-            s.add(ConversationMessageRow(conversation_id=conversation_id, position=start + i, message=message,
-                                         specialist=specialist))
+        s.add(ConversationRow(id=conversation_id, api_key=owner))
+        s.flush()
+        s.add_all([ConversationMessageRow(conversation_id=conversation_id, position=i, message=message,
+                                          specialist=specialist) for i, (message, specialist) in enumerate(messages)])
+
+
+def append_messages(store: Store, conversation_id: str, messages: list[tuple[dict[str, Any], str | None]],
+                    attempts: int = 20) -> None:
+    """Append messages after the stored ones, in one transaction.
+
+    Two writers appending to one conversation at once both read the same next position; the unique
+    (conversation, position) constraint refuses the second (SQLite may refuse its stale read instead), which
+    then reads the positions again and retries: both turns are stored, one after the other."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from rsi.store.schema import ConversationMessageRow
+
+    for attempt in range(attempts):
+        try:
+            with store.session() as s:
+                start = s.scalar(select(func.count()).select_from(ConversationMessageRow)
+                                 .where(ConversationMessageRow.conversation_id == conversation_id)) or 0
+                for i, (message, specialist) in enumerate(messages):
+                    s.add(ConversationMessageRow(conversation_id=conversation_id, position=start + i, message=message,
+                                                 specialist=specialist))
+            return
+        except (IntegrityError, OperationalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0.001, 0.005) * (attempt + 1))
 
 
 # ---- rate limits -----------------------------------------------------------------------------------------
 
 
-class TokenBuckets:
-    """A token bucket per key: ``burst`` requests at once, refilled at ``rate`` per second (per process)."""
+class RateLimits:
+    """A token bucket per key in the state DB (``rsi_rate_limits``), so every proxy worker on the DB shares it:
+    ``burst`` requests at once, refilled at ``rate`` per second. Taking tokens is one UPDATE that refills and
+    takes only when enough tokens are there, atomic in SQLite and PostgreSQL alike.
 
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, time of last update)
+    A worker takes up to ``LEASE_S`` seconds' worth of the rate at once and spends it locally (one DB write per
+    lease, not per request, at high rates); what it has not spent within ``LEASE_S`` is dropped, so the workers
+    together never exceed the limit. At rates under 1/``LEASE_S`` per second every request asks the DB."""
+
+    LEASE_S = 0.1
+
+    def __init__(self, store: Store, rate: float, burst: int) -> None:
+        self.store, self.rate, self.burst = store, rate, burst
+        self._leases: dict[str, tuple[float, int]] = {}  # key -> (lease expiry, tokens left in it)
         self._lock = threading.Lock()
 
     def take(self, key: str) -> float:
         """0.0 when a request may go now, else the seconds until one may."""
         with self._lock:
-            now = time.monotonic()
-            tokens, then = self._buckets.get(key, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - then) * self.rate)
-            if tokens >= 1.0:
-                self._buckets[key] = (tokens - 1.0, now)
+            expires, left = self._leases.get(key, (0.0, 0))
+            if left > 0 and time.monotonic() < expires:
+                self._leases[key] = (expires, left - 1)
                 return 0.0
-            self._buckets[key] = (tokens, now)
-            return (1.0 - tokens) / self.rate if self.rate > 0 else float("inf")
+        want = max(1, min(self.burst, int(self.rate * self.LEASE_S)))
+        got, wait = self._take(key, want)
+        if not got and want > 1:
+            got, wait = self._take(key, 1)
+        if got > 1:
+            with self._lock:
+                self._leases[key] = (time.monotonic() + self.LEASE_S, got - 1)
+        return 0.0 if got else wait
+
+    def _take(self, key: str, n: int) -> tuple[int, float]:
+        """(tokens taken from the DB bucket, n or 0; seconds until n are there)."""
+        from sqlalchemy import case, update
+        from sqlalchemy.exc import IntegrityError
+
+        from rsi.store.schema import RateLimitRow as R
+
+        for _ in range(3):
+            now = time.time()  # may be older than ``updated`` when another worker wrote while this one waited
+            later = R.updated < now
+            grown = R.tokens + case((later, now - R.updated), else_=0.0) * self.rate
+            refilled = case((grown > self.burst, float(self.burst)), else_=grown)
+            with self.store.session() as s:
+                took = s.execute(update(R).where(R.api_key == key, refilled >= n)
+                                 .values(tokens=refilled - n, updated=case((later, now), else_=R.updated))).rowcount
+                if took:
+                    return n, 0.0
+                left = s.scalar(select(refilled).where(R.api_key == key))
+            if left is not None:
+                return 0, (n - left) / self.rate
+            try:
+                with self.store.session() as s:  # a key's first request: a full bucket less what it takes
+                    s.add(R(api_key=key, tokens=float(self.burst - n), updated=now))
+                return n, 0.0
+            except IntegrityError:
+                continue  # another worker made the row first: take from it
+        raise RuntimeError(f"rate limit row of key {key!r} could not be read or made")

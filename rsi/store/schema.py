@@ -271,3 +271,14 @@ class ConversationMessageRow(Base):
     message: Mapped[dict[str, Any]]
     specialist: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RateLimitRow(Base):
+    """A key's token bucket, shared by every proxy worker on the state DB: ``tokens`` left at ``updated``
+    (seconds since the epoch)."""
+
+    __tablename__ = "rsi_rate_limits"
+
+    api_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,346 @@
+"""Serving load: latency and requests/s of ``rsi serve`` against the engine it wraps, with 1, 8 and 32 clients.
+
+Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
+two arms below alternate ``--rounds`` times at each client count, their latencies pooled; every
+request is a real chat completion: an addition question in the specialist's harness format (one level, so the
+prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
+Two arms per engine and client count, measured in the same run:
+
+- ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (httpx, one
+  connection per client);
+- ``direct``, the baseline: the engine itself with the same prompts, sampling and adapter and the same number
+  of client threads. For ``hf``, one ``HFBackend`` in this process, ``generate([prompt], ...)`` per request;
+  for ``vllm`` (the proxy with ``--engine openai``), the vLLM server's own ``/v1/completions`` over HTTP.
+
+It prints p50/p99 latency, requests/s and errors per arm, and the proxy over direct ratios (p50, p99 latency;
+requests/s), and writes them to ``bench/results/serve.json``. The acceptance bound: no errors at 32 clients
+and proxy p50 <= 1.15x direct p50.
+
+Data: an RSI home with a promoted ``addition`` lineage (``make demo`` makes one in ./.rsi; or a copy of one).
+The bench admits ``addition`` as a specialist and trains the ngram router there when they are missing, and
+creates an API key for the run (revoked at the end). Run:
+
+    RSI_HOME=/tmp/mol-home .venv/bin/python bench/serve.py [--engines hf,vllm] [--clients 1,8,32]
+        [--per-client 8] [--level 4] [--out JSON]
+
+``vllm`` needs the engine venv (``rsi engine install``); the bench starts the engine in RSI_HOME and stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from generation import machine_info
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
+SPECIALIST = "addition"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm at one concurrency: latencies of the requests that succeeded, errors, wall time."""
+
+    engine: str
+    arm: str
+    clients: int
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+
+def prepare() -> tuple[object, object, str, str]:
+    """(store, champion, key name, key) of the home: the specialist admitted and the ngram router trained when
+    missing; a home without a promoted addition lineage is an error that says what to run."""
+    from rsi.config import get_settings
+    from rsi.mol.registry import Registry, add_specialist
+    from rsi.mol.routers import MANIFEST, router_dir, train_router
+    from rsi.mol.state import create_key
+    from rsi.store import open_store
+    from rsi.store.schema import Generation
+
+    home = get_settings().home
+    store = open_store()
+    registry = Registry(store, home)
+    if SPECIALIST not in registry.champions():
+        with store.session() as s:
+            promoted = s.query(Generation).filter_by(lineage=SPECIALIST, status="promoted").first() is not None
+        if not promoted:
+            sys.exit(f"no promoted {SPECIALIST!r} lineage in RSI_HOME={home}: run `make demo` first (or point RSI_HOME "
+                     "at a copy of a home that has one)")
+        add_specialist(store, SPECIALIST, description="adds two numbers", levels=(1, 2, 3, 4, 5, 6, 7, 8))
+    champions = registry.champions()
+    manifest = router_dir(home, "ngram") / MANIFEST
+    if not manifest.is_file() or json.loads(manifest.read_text())["names"] != sorted(champions):
+        train_router("ngram", champions, home, per_level=32)
+    name = f"bench-serve-{uuid.uuid4().hex[:8]}"
+    return store, champions[SPECIALIST], name, create_key(store, name)
+
+
+def questions(champion, level: int, count: int) -> list[str]:
+    """Held-out addition questions at one level, as the specialist's harness writes them."""
+    from rsi.mol.routers import user_text
+    from rsi.tasks import get_family
+
+    family = get_family(champion.harness.document.family)
+    return [user_text(champion.harness, t.payload) for t in family.tasks("heldout", 0, level, count)]
+
+
+# ---- load ------------------------------------------------------------------------------------------------
+
+
+def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int, per_client: int
+         ) -> tuple[list[float], list[str], float]:
+    """``clients`` threads, each sending ``per_client`` requests in a row: (latencies of the requests that
+    succeeded, errors of those that raised, wall seconds)."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    gate = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        gate.wait()
+        for k in range(per_client):
+            prompt = prompts[(c * per_client + k) % len(prompts)]
+            started = time.perf_counter()
+            try:
+                send(c, prompt)
+            except Exception as exc:  # counted and reported, not fatal: the bench measures errors
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            with lock:
+                latencies.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return latencies, errors, time.perf_counter() - started
+
+
+def measure(engine: str, arm: str, send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
+            per_client: int, rounds: list[tuple[list[float], list[str], float]]) -> Arm:
+    """One more round of ``load`` into ``rounds``, and the arm over all its rounds so far."""
+    rounds.append(load(send, prompts, clients, per_client))
+    latencies = [x for r in rounds for x in r[0]]
+    errors = [e for r in rounds for e in r[1]]
+    if rounds[-1][1]:
+        print(f"{engine} {arm} x{clients}: {len(rounds[-1][1])} errors, first: {rounds[-1][1][0]}", file=sys.stderr)
+    ms = sorted(1000 * x for x in latencies) or [float("nan")]
+    return Arm(engine, arm, clients, clients * per_client * len(rounds), len(errors), sum(r[2] for r in rounds),
+               statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))])
+
+
+def http_clients(count: int, **headers: str) -> list:
+    import httpx
+
+    return [httpx.Client(headers=headers, timeout=120) for _ in range(count)]
+
+
+def proxy_sender(url: str, key: str, clients: int) -> Callable[[int, str], None]:
+    """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error."""
+    pool = http_clients(clients, Authorization=f"Bearer {key}")
+
+    def send(c: int, prompt: str) -> None:
+        r = pool[c].post(f"{url}/v1/chat/completions",
+                         json={"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]})
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        if r.headers.get("x-rsi-specialist") != SPECIALIST:
+            raise RuntimeError(f"routed to {r.headers.get('x-rsi-specialist')!r}, not {SPECIALIST!r}")
+
+    return send
+
+
+@contextmanager
+def proxy(engine: str) -> Iterator[str]:
+    """``rsi serve`` in a subprocess on a free loopback port (no practical rate limit), stopped by SIGTERM."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "rsi", "serve", "--port", str(port), "--engine", engine, "--rate", "1e6",
+           "--burst", "1000000"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"`rsi serve` exited with code {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("`rsi serve` did not answer /health within 300 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# ---- engines: the direct arm ------------------------------------------------------------------------------
+
+
+@contextmanager
+def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
+    from rsi.backends.hf import HFBackend
+
+    backend = HFBackend(champion.base_dir)
+    adapter = str(champion.adapter_dir)
+
+    def send(c: int, prompt: str) -> None:
+        backend.generate([prompt], params, adapter=adapter)
+
+    yield send
+    backend.close()
+
+
+@contextmanager
+def direct_vllm(champion, params, clients: int) -> Iterator[Callable[[int, str], None]]:
+    """The engine's own ``/v1/completions`` with the specialist's adapter (loaded as the openai backend names it)."""
+    from rsi import engine
+    from rsi.backends.openai import OpenAIBackend
+    from rsi.config import get_settings
+
+    state = engine.start(champion.base_dir, get_settings().home)
+    loader = OpenAIBackend(state.base_url, tokenizer_dir=champion.base_dir)
+    name = loader.adapter_name(champion.adapter_dir)
+    loader.generate(["1+1="], params, adapter=str(champion.adapter_dir))  # loads it
+    pool = http_clients(clients)
+    body = {"model": name, "max_tokens": params.max_new_tokens, "temperature": 0.0, "seed": 0,
+            "stop": list(params.stop) or None}
+
+    def send(c: int, prompt: str) -> None:
+        r = pool[c].post(f"{state.base_url}/completions", json={**body, "prompt": prompt})
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+
+    try:
+        yield send
+    finally:
+        loader.close()
+        if "already running" not in (state.note or ""):
+            engine.stop(get_settings().home)
+
+
+def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int,
+               rounds: int) -> list[Arm]:
+    """Both arms at each client count, alternating ``rounds`` times (the machine's other load drifts)."""
+    from rsi.mol.proxy import specialist_params
+
+    params = specialist_params(champion.harness, None)
+    direct = direct_hf(champion, params) if engine == "hf" else direct_vllm(champion, params, max(clients))
+    arms = []
+    with direct as send_direct, proxy("hf" if engine == "hf" else "openai") as url:
+        send_proxy = proxy_sender(url, key, max(clients))
+        for send in (send_direct, send_proxy):  # warm-up: adapters loaded, first-call costs paid
+            load(send, prompts, 4, 2)
+        for n in clients:
+            done: dict[str, list] = {"direct": [], "proxy": []}
+            for _ in range(rounds):
+                direct_arm = measure(engine, "direct", send_direct, prompts, n, per_client, done["direct"])
+                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, per_client, done["proxy"])
+            arms += [direct_arm, proxy_arm]
+    return arms
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+
+def ratios(arms: list[Arm]) -> list[dict]:
+    """Proxy over direct per engine and client count: p50 and p99 latency, requests/s."""
+    by = {(a.engine, a.arm, a.clients): a for a in arms}
+    out = []
+    for (engine, arm, n), p in by.items():
+        d = by.get((engine, "direct", n))
+        if arm == "proxy" and d is not None:
+            out.append({"engine": engine, "clients": n, "p50": p.p50_ms / d.p50_ms, "p99": p.p99_ms / d.p99_ms,
+                        "requests_per_s": p.requests_per_s / d.requests_per_s, "proxy_errors": p.errors})
+    return out
+
+
+def print_table(arms: list[Arm], rows: list[dict]) -> None:
+    print("| engine | clients | arm | requests | errors | p50 ms | p99 ms | req/s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for a in arms:
+        print(f"| {a.engine} | {a.clients} | {a.arm} | {a.requests} | {a.errors} | {a.p50_ms:.1f} | {a.p99_ms:.1f} "
+              f"| {a.requests_per_s:.1f} |")
+    print()
+    print("| engine | clients | proxy/direct p50 | p99 | req/s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['engine']} | {r['clients']} | {r['p50']:.2f}x | {r['p99']:.2f}x | {r['requests_per_s']:.2f}x |")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="hf", help="comma-separated, of hf and vllm")
+    parser.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
+    parser.add_argument("--per-client", type=int, default=8, help="requests each client sends")
+    parser.add_argument("--rounds", type=int, default=3, help="times each arm runs, alternating, pooled")
+    parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+
+    from rsi.mol.state import revoke_key
+
+    clients = [int(c) for c in args.clients.split(",")]
+    store, champion, key_name, key = prepare()
+    prompts = questions(champion, args.level, max(clients) * args.per_client)
+    arms: list[Arm] = []
+    try:
+        for engine in args.engines.split(","):
+            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client, args.rounds)
+    finally:
+        revoke_key(store, key_name)
+    rows = ratios(arms)
+    print_table(arms, rows)
+    report = {
+        "command": "python bench/serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "specialist": {"name": SPECIALIST, "generation": champion.generation, "harness": champion.harness.id,
+                       "base": str(champion.base_dir)},
+        "level": args.level, "per_client": args.per_client, "rounds": args.rounds,
+        "arms": [asdict(a) | {"requests_per_s": a.requests_per_s} for a in arms],
+        "proxy_over_direct": rows,
+        "machine": machine_info(None),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

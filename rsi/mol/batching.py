@@ -1,0 +1,107 @@
+"""Dynamic batching: concurrent proxy requests to one in-process backend decoded in one backend call.
+
+The ``hf`` backend decodes one call at a time (a lock) but a call of many prompts costs little more than a call
+of one. ``Batcher`` wraps a backend with the same ``generate``/``chat`` methods; a call waits in a queue, and one
+thread takes every waiting call with the same (mode, adapter, sampling, tools) into one backend call, so the
+requests that arrive while a batch decodes go together in the next one. Nothing waits on purpose: a lone
+request is decoded at once.
+
+A reply does not depend on what it was batched with: the backend's rows are independent of the batch (greedy
+and sampled, ``rsi.backends.hf``), except that a prompt repeated in one call gets another random stream for
+each occurrence, so with temperature > 0 a call whose prompt is already in the batch waits for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from rsi.backends.base import Completion, SamplingParams
+from rsi.models import Message
+
+
+@dataclass
+class _Call:
+    mode: str  # "generate" or "chat"
+    items: list[Any]  # prompts, or conversations
+    params: SamplingParams
+    adapter: str | None
+    tools: Sequence[dict] = ()
+    result: Future = field(default_factory=Future)
+
+    def key(self) -> tuple:
+        return self.mode, self.adapter, self.params.model_dump_json(), json.dumps(list(self.tools), sort_keys=True)
+
+    def texts(self) -> set[str]:
+        return {json.dumps(i if isinstance(i, str) else [m.model_dump() for m in i]) for i in self.items}
+
+
+class Batcher:
+    """A backend's ``generate`` and ``chat``, with concurrent calls of equal settings merged into one."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._waiting: list[_Call] = []
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, name="rsi-batcher", daemon=True).start()
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None
+                 ) -> list[list[Completion]]:
+        return self._submit(_Call("generate", list(prompts), params, adapter))
+
+    def chat(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
+             adapter: str | None = None) -> list[list[Completion]]:
+        return self._submit(_Call("chat", [list(c) for c in conversations], params, adapter, tools))
+
+    def _submit(self, call: _Call) -> list[list[Completion]]:
+        with self._ready:
+            self._waiting.append(call)
+            self._ready.notify()
+        return call.result.result()
+
+    def _take(self) -> list[_Call]:
+        """The oldest waiting call and every later one that may share its backend call."""
+        with self._ready:
+            while not self._waiting:
+                self._ready.wait()
+            first = self._waiting[0]
+            batch, seen, rest = [first], first.texts(), []
+            for call in self._waiting[1:]:
+                texts = call.texts()
+                if call.key() == first.key() and not (first.params.temperature > 0 and texts & seen):
+                    batch.append(call)
+                    seen |= texts
+                else:
+                    rest.append(call)
+            self._waiting = rest
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            try:
+                self._decode(batch)
+            except Exception as exc:  # one bad call must not fail the others: each alone, as if unbatched
+                if len(batch) == 1:
+                    batch[0].result.set_exception(exc)
+                    continue
+                for call in batch:
+                    try:
+                        self._decode([call])
+                    except Exception as alone:
+                        call.result.set_exception(alone)
+
+    def _decode(self, batch: list[_Call]) -> None:
+        first, items = batch[0], [i for call in batch for i in call.items]
+        if first.mode == "chat":
+            out = self.backend.chat(items, first.tools, first.params, adapter=first.adapter)
+        else:
+            out = self.backend.generate(items, first.params, adapter=first.adapter)
+        start = 0
+        for call in batch:
+            call.result.set_result(out[start:start + len(call.items)])
+            start += len(call.items)
