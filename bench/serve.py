@@ -9,7 +9,9 @@ Two arms per engine and client count, measured in the same run:
 - ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (httpx, one
   connection per client);
 - ``direct``, the baseline: the engine itself with the same prompts, sampling and adapter and the same number
-  of client threads. For ``hf``, one ``HFBackend`` in this process, ``generate([prompt], ...)`` per request;
+  of client threads. For ``hf``, one ``HFBackend`` in this process behind the proxy's own dynamic batcher
+  (``rsi.mol.batching``), ``generate([prompt], ...)`` per request, so the ratio is what the proxy adds (HTTP,
+  auth, rate limit, routing, conversation writes), not what batching gives;
   for ``vllm`` (the proxy with ``--engine openai``), the vLLM server's own ``/v1/completions`` over HTTP.
 
 It prints p50/p99 latency, requests/s and errors per arm, and the proxy over direct ratios (p50, p99 latency;
@@ -216,8 +218,9 @@ def proxy(engine: str) -> Iterator[str]:
 @contextmanager
 def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
     from rsi.backends.hf import HFBackend
+    from rsi.mol.batching import Batcher
 
-    backend = HFBackend(champion.base_dir)
+    backend = Batcher(HFBackend(champion.base_dir))  # the engine with the same dynamic batching the proxy uses
     adapter = str(champion.adapter_dir)
 
     def send(c: int, prompt: str) -> None:

@@ -116,6 +116,8 @@ def served(adapters: dict[str, Path], tiny_base: Path, rsi_home: Path):
 def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, tiny_base, rsi_home) -> None:
     """Specialists are rows; the champion comes from the state DB and a new promotion is seen without a new
     Registry; bad names are user errors naming the fix. Keys verify by hash and stop at revocation."""
+    from sqlalchemy import text
+
     from rsi.errors import UserError
     from rsi.mol import state
     from rsi.mol.registry import Registry, add_specialist, list_specialists, remove_specialist
@@ -138,6 +140,14 @@ def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, ti
     second = registry.champions()["addition"]
     assert (second.generation, second.adapter_dir) == (2, adapters["sorting"])
     assert [s.name for s in list_specialists(store)] == ["addition"]
+    with pytest.raises(UserError, match="reserved"):
+        add_specialist(store, "addition", name="base")
+    promote(store, "sorting", "sorting", "harness_versions/sorting/v1", adapters["sorting"], tiny_base)
+    add_specialist(store, "sorting")
+    with store.session() as s:  # its champion's base was rebuilt: another hash than the pair's
+        s.execute(text("UPDATE rsi_pairs SET base_model_hash = 'rebuilt' WHERE lineage = 'sorting'"))
+    assert list(registry.champions()) == ["addition"] and list(registry.broken()) == ["sorting"]
+    remove_specialist(store, "sorting")
     remove_specialist(store, "addition")
     assert registry.champions() == {}
     with pytest.raises(UserError, match="no specialist 'addition'"):
@@ -233,7 +243,7 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
     base_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12))[0][0].text
     assert expected_sum != base_sum  # so the reply shows which model answered
 
-    with Server(served, rsi_home, burst=12, rate=0.01) as url:
+    with Server(served, rsi_home, burst=16, rate=0.01) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
         assert {m.id for m in client.models.list()} == {"rsi/auto", "rsi/addition", "rsi/sorting", "rsi/base"}
         raw = client.chat.completions.with_raw_response.create(
@@ -267,14 +277,24 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="rsi/nope", messages=[{"role": "user", "content": "1+1="}])
         for body in ({"model": "rsi/auto"}, {"model": "rsi/auto", "messages": "hi"},
-                     {"model": "rsi/auto", "messages": [{"role": "robot", "content": "x"}]}):
+                     {"model": "rsi/auto", "messages": [{"role": "robot", "content": "x"}]},
+                     {"model": "rsi/auto", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+                     {"model": "rsi/auto", "messages": [{"role": "user", "content": "1" * 9000}]},
+                     {"model": "rsi/auto", "messages": [{"role": "user", "content": "1+1="}], "conversation_id": "x\u0000"},
+                     {"model": "rsi/base", "messages": [{"role": "tool", "tool_call_id": "call_1", "content": "1"}]}):
             bad = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
             assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
         garbled = httpx.post(f"{url}/v1/chat/completions", content=b"{not json",
                              headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         assert garbled.status_code == 400 and "error" in garbled.json()
+        huge = httpx.post(f"{url}/v1/chat/completions", content=b" " * (2 << 20),
+                          headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+        for i in range(3):  # made-up paths share one metric series
+            assert httpx.get(f"{url}/nope{i}").status_code == 404
         metrics = httpx.get(f"{url}/metrics").text
         assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 2.0' in metrics
+        assert 'rsi_serve_requests_total{path="other",status="404"} 3.0' in metrics and "/nope" not in metrics
         with pytest.raises(openai.RateLimitError):  # the burst of 12 is spent, and it refills at 0.01/s
             for _ in range(6):
                 client.models.list()
@@ -293,7 +313,7 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
             messages=[{"role": "tool", "tool_call_id": made.id, "content": "1234567"}])
         assert result.model == "rsi/sorting" and result.model_extra["rsi"]["router"] == "sticky"
         with pytest.raises(openai.NotFoundError):
-            client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-unknown"},
+            client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-" + "0" * 32},
                                            messages=[{"role": "user", "content": "1+1="}])
 
 

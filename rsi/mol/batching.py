@@ -57,6 +57,9 @@ class Batcher:
              adapter: str | None = None) -> list[list[Completion]]:
         return self._submit(_Call("chat", [list(c) for c in conversations], params, adapter, tools))
 
+    def close(self) -> None:
+        self.backend.close()
+
     def _submit(self, call: _Call) -> list[list[Completion]]:
         with self._ready:
             self._waiting.append(call)

@@ -58,6 +58,9 @@ def evaluate_router(store: Any, home: Path, kind: str, per_level: int, threshold
     model = load_router(kind, home)
     tasks = {name: routing_tasks(c, "heldout", per_level, seed) for name, c in champions.items()}
     items = [(name, task) for name, ts in tasks.items() for task in ts]
+    if not items:
+        raise UserError("no held-out routing task: the specialists' --levels are outside what their harnesses can "
+                        "pose; `rsi specialists remove` and add them again with --levels in their families' range")
     routes, seconds = timed_routes(model, [user_text(champions[n].harness, t.payload) for n, t in items],
                                    list(champions), threshold)
     labels = [*champions, BASE]

@@ -27,22 +27,30 @@ Streaming sends the finished reply as OpenAI chunks (the backends decode whole r
 
 
 import json
+import logging
 import os
 import threading
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rsi.errors import UserError
 
+log = logging.getLogger(__name__)
 CONFIG_ENV = "RSI_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn workers started by import string
 CONVERSATION_HEADER = "X-RSI-Conversation-Id"
 SPECIALIST_HEADER = "X-RSI-Specialist"
 BASE = "base"
+RESERVED = ("auto", BASE)  # model names of the proxy itself, never specialist names
+# Bounds on a request: a message longer than any harness's prompt, or a history longer than any episode, is a
+# client error (400), not minutes of n-gram counting and decoding while every other request waits.
+MAX_MESSAGE_CHARS = 8192
+MAX_MESSAGES = 256
+MAX_BODY_BYTES = 1 << 20
 CACHE_S = 2.0  # how long the proxy trusts what it read of keys and champions
 
 
@@ -71,17 +79,26 @@ class ToolCallIn(BaseModel):
     function: FunctionCall
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content; the text parts are what the models read (others are refused)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_MESSAGE_CHARS)
+
+
 class MessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)] | Annotated[list[ContentPart], Field(max_length=64)] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: the text ones, joined
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p.text for p in self.content)
         return self.content or ""
 
 
@@ -89,7 +106,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[MessageIn] = Field(min_length=1)
+    messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -97,7 +114,7 @@ class ChatRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1)
     seed: int = 0
-    conversation_id: str | None = None
+    conversation_id: str | None = Field(None, pattern=r"^conv-[0-9a-f]{32}$")
 
 
 class ApiError(Exception):
@@ -284,6 +301,9 @@ class Service:
         name = model.removeprefix("rsi/")
         if model.startswith("rsi/") and name not in ("auto",):
             if name == BASE:
+                if messages[-1]["role"] == "tool":
+                    raise ApiError(400, "model 'rsi/base' makes no tool calls, so it takes no tool result; send the "
+                                   "result with model 'rsi/auto' or the specialist that made the call", param="model")
                 return Route(specialist=None, confidence=1.0, scores={}, router="override", reason="model name")
             if name not in champions:
                 raise ApiError(404, f"model {model!r} does not exist; models: {', '.join(self.model_ids(champions))}",
@@ -298,6 +318,9 @@ class Service:
                     if owner in champions:
                         return Route(specialist=owner, confidence=1.0, scores={}, router="sticky",
                                      reason="tool result goes back to the specialist that made the call")
+            raise ApiError(400, f"tool result for call {last.get('tool_call_id')!r}: no serving specialist made that "
+                           "call in this conversation (send its assistant tool-call message first, or continue the "
+                           "conversation it belongs to with its conversation_id)", param="messages")
         user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         if user is None:
             raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
@@ -394,14 +417,29 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     async def _user(request: Request, exc: UserError) -> JSONResponse:
         return error(ApiError(400, str(exc)))
 
+    def unexpected(exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return error(ApiError(500, f"internal error ({type(exc).__name__}); see the proxy's log", type_="server_error"))
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return error(ApiError(500, f"internal error ({type(exc).__name__}); see the proxy's log", type_="server_error"))
+        return unexpected(exc)
 
     @app.middleware("http")
     async def _count(request: Request, call_next):
-        response = await call_next(request)
-        requests.labels(request.url.path, str(response.status_code)).inc()
+        """Refuse an oversized body before reading it; count every response by its route (a made-up path is
+        'other', so the metric's series stay bounded), 500s included."""
+        size = request.headers.get("content-length", "0")
+        if not size.isdigit() or int(size) > MAX_BODY_BYTES:
+            response = error(ApiError(413, f"request body over {MAX_BODY_BYTES} bytes (or no valid Content-Length); "
+                                      "send fewer or shorter messages", code="request_too_large"))
+        else:
+            try:
+                response = await call_next(request)
+            except Exception as exc:  # raised past the handlers: still an OpenAI-style 500, and counted
+                response = unexpected(exc)
+        route = request.scope.get("route")
+        requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
         return response
 
     def owner_of(request: Request) -> str:
@@ -419,7 +457,8 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "specialists": sorted(service.champions()), "router": config.router}
+        return {"status": "ok", "specialists": sorted(service.champions()), "router": config.router,
+                "not_served": sorted(service.registry.broken())}
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
@@ -526,7 +565,9 @@ def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any],
 def _validation_error(errors: list[dict[str, Any]]) -> ApiError:
     """The first problem of a request body, named by its field, as a 400."""
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # the path of the field, without pydantic's names of union branches ('constrained-str', 'list[ContentPart]')
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or str(p).isidentifier())
+           and p != "str"]
     field = ".".join(loc) or "body"
     return ApiError(400, f"invalid request: field {field!r}: {first.get('msg', 'invalid')}"
                     + (" (n > 1 is not supported: one reply per request)" if loc == ["n"] else ""), param=field)

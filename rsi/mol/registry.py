@@ -8,7 +8,9 @@ loads a champion's harness again only when that generation changed.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from rsi.hcp import Harness
     from rsi.store import Store
 
+log = logging.getLogger(__name__)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 DEFAULT_LEVELS = (1, 2, 3, 4, 5, 6)
 
@@ -62,6 +65,9 @@ def add_specialist(store: Store, lineage: str, name: str | None = None, descript
     except ValidationError:
         raise UserError(f"specialist name {name or lineage!r}: use lowercase letters, digits, '_', '.', '-' "
                         "(at most 63, starting with a letter or digit); pass --name") from None
+    if spec.name in ("auto", "base"):  # the proxy's own model names (rsi/auto routes, rsi/base is the base)
+        raise UserError(f"specialist name {spec.name!r} is reserved (rsi/{spec.name} is the proxy's own model); "
+                        "pass another --name")
     with store.session() as s:
         if s.get(Lineage, lineage) is None:
             known = ", ".join(s.scalars(select(Lineage.name).order_by(Lineage.name))) or "none"
@@ -97,37 +103,57 @@ def _spec(row: Any) -> Specialist:
 
 class Registry:
     """The specialists and their champions as the proxy sees them, cached by each lineage's newest promoted
-    generation (thread-safe)."""
+    generation (thread-safe). A specialist whose champion cannot be served (its base model missing or rebuilt,
+    its adapter row empty) is left out and logged, not fatal to the others; the failure is remembered for that
+    generation, so requests do not repeat it (``broken`` says why)."""
 
     def __init__(self, store: Store, home: Path) -> None:
         self.store, self.home = store, Path(home)
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, int], Champion] = {}  # (specialist, promoted generation id) -> champion
+        self._cache: dict[tuple[str, int], Champion | str] = {}  # (specialist, generation number) -> champion or why not
+        self._base_hashes: dict[Path, str] = {}  # a base directory's model hash, read once (it reads every weight)
 
     def champions(self) -> dict[str, Champion]:
-        """Every specialist that has a promoted champion now, by name, in name order."""
+        """Every specialist that has a servable promoted champion now, by name, in name order."""
         from rsi.store.schema import Generation, SpecialistRow
 
         with self.store.session() as s:
-            newest = (select(Generation.lineage, func.max(Generation.id).label("gen_id"))
+            newest = (select(Generation.lineage, func.max(Generation.number).label("number"))
                       .where(Generation.status == "promoted").group_by(Generation.lineage).subquery())
-            rows = s.execute(select(SpecialistRow, newest.c.gen_id).join(newest, newest.c.lineage == SpecialistRow.lineage)
+            rows = s.execute(select(SpecialistRow, newest.c.number).join(newest, newest.c.lineage == SpecialistRow.lineage)
                              .order_by(SpecialistRow.name)).all()
-            wanted = {(row.name, gen_id): _spec(row) for row, gen_id in rows}
+            wanted = {(row.name, number): _spec(row) for row, number in rows}
             with self._lock:
                 for key, spec in wanted.items():
                     if key not in self._cache:
-                        self._cache[key] = _champion(s, spec, key[1], self.home)
+                        try:
+                            self._cache[key] = _champion(s, spec, key[1], self.home, self._base_hash)
+                        except UserError as exc:
+                            log.warning("specialist %s is not served: %s", spec.name, exc)
+                            self._cache[key] = str(exc)
                 self._cache = {key: self._cache[key] for key in wanted}
-                return {key[0]: champ for key, champ in self._cache.items()}
+                return {key[0]: c for key, c in self._cache.items() if isinstance(c, Champion)}
+
+    def broken(self) -> dict[str, str]:
+        """Specialists left out at the last look, with why."""
+        with self._lock:
+            return {key[0]: c for key, c in self._cache.items() if isinstance(c, str)}
+
+    def _base_hash(self, base: Path) -> str:
+        from rsi.basemodel import model_hash
+
+        if base not in self._base_hashes:
+            self._base_hashes[base] = model_hash(base)
+        return self._base_hashes[base]
 
 
-def _champion(session: Any, spec: Specialist, generation_id: int, home: Path) -> Champion:
-    from rsi.basemodel import BaseRecipe, base_dir_for, model_hash
+def _champion(session: Any, spec: Specialist, number: int, home: Path, base_hash: Callable[[Path], str]) -> Champion:
+    from rsi.basemodel import BaseRecipe, base_dir_for
     from rsi.store.harnesses import stored_harness
     from rsi.store.schema import Generation, Lineage, PairRow
 
-    gen = session.get(Generation, generation_id)
+    gen = session.scalars(select(Generation).where(Generation.lineage == spec.lineage, Generation.number == number,
+                                                   Generation.status == "promoted")).one()
     pair = session.get(PairRow, gen.candidate_pair_id)
     if pair is None or not pair.adapter_uri:
         raise UserError(f"lineage {spec.lineage!r}: promoted generation {gen.number} has no adapter in the state DB")
@@ -136,7 +162,7 @@ def _champion(session: Any, spec: Specialist, generation_id: int, home: Path) ->
     from rsi.config import Settings
 
     base = harness.base_model_dir(home) or base_dir_for(Settings(home=home), recipe)
-    if not (base / "config.json").is_file() or model_hash(base) != pair.base_model_hash:
+    if not (base / "config.json").is_file() or base_hash(base) != pair.base_model_hash:
         raise UserError(f"specialist {spec.name!r}: the base model of lineage {spec.lineage!r} (hash "
                         f"{pair.base_model_hash[:12]}) is not at {base}; run `rsi base build` with its profile")
     return Champion(spec, gen.number, pair.id, Path(pair.adapter_uri), harness, base)

@@ -280,7 +280,8 @@ class LoraRouter:
             prompt = tok(text + ROUTE_SUFFIX)["input_ids"]
             rows = [prompt + tok(name, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for name in self.names]
             width = max(map(len, rows))
-            ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id  # after each row: unread
+            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
             with torch.inference_mode():
                 logp = torch.log_softmax(self._model(input_ids=ids).logits.float(), dim=-1)
             scores = []
