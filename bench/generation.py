@@ -200,10 +200,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "batched_over_hf": versus_hf(arms),
         "machine": machine_info(args.threads),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return report
+
+
+def write_report(out: Path, report: dict) -> None:
+    """A benchmark's JSON, where --out says (its folder made)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

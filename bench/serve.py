@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from generation import machine_info
+from generation import machine_info, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
@@ -339,9 +339,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "proxy_over_direct": rows,
         "machine": machine_info(None),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return report
 
 

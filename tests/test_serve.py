@@ -8,7 +8,6 @@ cycle that would promote them is tested in test_cycle.py.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO
+from .test_cycle import seed_home
 
 ADDITION_LEVELS = (1, 2, 3)
 SORTING_LEVELS = (1, 2)
@@ -87,12 +87,6 @@ def promote(store, lineage: str, family: str, harness_ref: str, adapter: Path, b
                           adapter_hash=pair.adapter_hash, adapter_uri=str(adapter), harness_id=harness.id,
                           harness_hash=harness.hash))
         s.add(Generation(lineage=lineage, number=number, candidate_pair_id=pair.id, status="promoted"))
-
-
-def seed_home(home: Path, base: Path) -> None:
-    target = home / "models" / base.name
-    if not target.exists():
-        shutil.copytree(base, target)
 
 
 @pytest.fixture
