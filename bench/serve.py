@@ -10,8 +10,10 @@ Two arms per engine and client count, measured in the same run:
   connection per client);
 - ``direct``, the baseline: the engine itself with the same prompts, sampling and adapter and the same number
   of client threads. For ``hf``, one ``HFBackend`` in this process behind the proxy's own dynamic batcher
-  (``rsi.mol.batching``), ``generate([prompt], ...)`` per request, so the ratio is what the proxy adds (HTTP,
-  auth, rate limit, routing, conversation writes), not what batching gives;
+  (``rsi.mol.batching``), per request the engine calls the proxy makes (``generate([prompt], ...)``, or the
+  plan's calls when the champion's harness has a plan: ``rsi.mol.proxy.plan_answer``), so the ratio is what
+  the proxy adds (HTTP, auth, rate limit, routing, conversation writes, the engine in another process), not
+  what batching gives;
   for ``vllm`` (the proxy with ``--engine openai``), the vLLM server's own ``/v1/completions`` over HTTP.
 
 It prints p50/p99 latency, requests/s and errors per arm, and the proxy over direct ratios (p50, p99 latency;
@@ -220,11 +222,18 @@ def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
     from rsi.backends.hf import HFBackend
     from rsi.mol.batching import Batcher
 
+    from rsi.mol.proxy import plan_answer, posed_task
+
     backend = Batcher(HFBackend(champion.base_dir))  # the engine with the same dynamic batching the proxy uses
     adapter = str(champion.adapter_dir)
+    plan = champion.harness.document.plan is not None
 
-    def send(c: int, prompt: str) -> None:
-        backend.generate([prompt], params, adapter=adapter)
+    def send(c: int, prompt: str) -> None:  # the engine work the proxy does: the plan's calls, or one call
+        task = posed_task(champion.harness, [{"role": "user", "content": prompt}]) if plan else None
+        if task is not None:
+            plan_answer(task, champion, backend, params)
+        else:
+            backend.generate([prompt], params, adapter=adapter)
 
     yield send
     backend.close()

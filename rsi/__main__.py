@@ -1,3 +1,4 @@
 from rsi.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned child process imports this module (rsi.mol.process)
+    main()

@@ -63,6 +63,10 @@ class TaskFamily:
     solve: Callable[[dict[str, Any]], Any] | None = None  # the answer of any payload (derived tasks' gold)
     level_of: Callable[[dict[str, Any]], int] | None = None  # the level of any payload
     plans: dict[str, Plan] = field(default_factory=dict)  # decompositions a harness may name ([plan] name)
+    # The payloads a person's message may pose, in any harness's format (the family proposes, a harness that
+    # renders one of them back to exactly the message confirms it): the serving proxy runs a plan harness's
+    # plan on the task a message poses (``rsi.mol.proxy``).
+    read: Callable[[str], list[dict[str, Any]]] | None = None
     # A tool-using family: the state its tasks act on and its tools (``rsi.substrate``). Its ``verify`` then
     # gets the episode's outcome, ``{"state": final state, "answer": parsed final reply}``.
     environment: Environment | None = None

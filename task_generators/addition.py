@@ -7,6 +7,7 @@ their sum, and the verifier compares integers.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Generator
 from typing import Any
 
@@ -39,6 +40,16 @@ def solve(payload: dict[str, Any]) -> int:
 
 def level_of(payload: dict[str, Any]) -> int:
     return max(len(str(payload["a"])), len(str(payload["b"])))
+
+
+def read(text: str) -> list[dict[str, Any]]:
+    """The payloads 'A+B=' may pose: digits as written, or least significant first (the harnesses' format),
+    zero padding ignored."""
+    match = re.fullmatch(r"\s*(\d{1,100})\s*\+\s*(\d{1,100})\s*=?\s*", text)
+    if match is None:
+        return []
+    a, b = match.groups()
+    return [{"a": int(a[::-1]), "b": int(b[::-1])}, {"a": int(a), "b": int(b)}]
 
 
 def digit_chunks(task: Task, params: dict[str, Any], family: TaskFamily) -> Generator[list[Task], list[Any], Any]:
@@ -114,4 +125,5 @@ family = TaskFamily(
     solve=solve,
     level_of=level_of,
     plans={"digit_chunks": digit_chunks},
+    read=read,
 )

@@ -237,7 +237,7 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
     base_sum = direct.generate([addition.prompt(add_task.payload)], SamplingParams(max_new_tokens=12))[0][0].text
     assert expected_sum != base_sum  # so the reply shows which model answered
 
-    with Server(served, rsi_home, burst=16, rate=0.01) as url:
+    with Server(served, rsi_home, burst=19, rate=0.01) as url:  # 19 authorized requests before the 429 below
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
         assert {m.id for m in client.models.list()} == {"rsi/auto", "rsi/addition", "rsi/sorting", "rsi/base"}
         raw = client.chat.completions.with_raw_response.create(
@@ -258,6 +258,17 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
             model="rsi/auto", stream=True, messages=[{"role": "user", "content": addition.prompt(add_task.payload)}]))
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected_sum
         assert chunks[-1].choices[0].finish_reason == "stop" and {c.model for c in chunks} == {"rsi/addition"}
+        streamed = list(client.chat.completions.create(  # a tool call streamed, then the usage chunk
+            model="rsi/auto", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": sort_prompt}]))
+        deltas = [t for c in streamed if c.choices for t in c.choices[0].delta.tool_calls or []]
+        assert [t.function.name for t in deltas] == ["swap"] and deltas[0].id.startswith("call_sorting_")
+        assert streamed[-2].choices[0].finish_reason == "tool_calls"
+        assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens > 0
+        stop = expected_sum[3:5]
+        cut = client.chat.completions.create(model="rsi/auto", stop=[stop], temperature=None, top_p=None,
+                                             messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
+        assert cut.choices[0].message.content == expected_sum[:expected_sum.index(stop)]
 
         forced = client.chat.completions.create(
             model="rsi/base", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
@@ -280,18 +291,21 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
             assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
         garbled = httpx.post(f"{url}/v1/chat/completions", content=b"{not json",
                              headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        assert garbled.status_code == 400 and "error" in garbled.json()
+        assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
+        anonymous = httpx.post(f"{url}/v1/chat/completions", content=b"{not json")  # the key is checked first
+        assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "invalid_api_key"
         huge = httpx.post(f"{url}/v1/chat/completions", content=b" " * (2 << 20),
                           headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
         for i in range(3):  # made-up paths share one metric series
             assert httpx.get(f"{url}/nope{i}").status_code == 404
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 2.0' in metrics
+        assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 3.0' in metrics
         assert 'rsi_serve_requests_total{path="other",status="404"} 3.0' in metrics and "/nope" not in metrics
-        with pytest.raises(openai.RateLimitError):  # the burst of 12 is spent, and it refills at 0.01/s
+        with pytest.raises(openai.RateLimitError) as limited:  # the burst is spent, and it refills at 0.01/s
             for _ in range(6):
                 client.models.list()
+        assert limited.value.body["code"] == "rate_limit_exceeded" and int(limited.value.response.headers["retry-after"]) >= 1
 
     # a new proxy on the same state DB: the client sends only the tool result and the conversation id; the
     # stored history says which call it answers, so it goes back to the specialist that made the call
@@ -440,6 +454,80 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     assert [(m.role, m.content) for m in fake.seen[0]] == [
         ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
         ("user", "[earlier: base answered 1 turn]\nq5")]
+
+
+def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base, rsi_home, tmp_path) -> None:
+    """A champion whose harness has a plan (the demo's lineage adopts ``digit_chunks``) answers a message that
+    poses a task in its format as its lineage is evaluated: the plan's calls, composed; the reply is the
+    composed answer ``run_plans`` gives on the same backend. A message that poses no task is one call."""
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.proxy import ChatRequest, ServeConfig, Service, posed_task, specialist_params
+    from rsi.mol.routers import Route
+    from rsi.plans import run_plans
+    from rsi.proposers import addition_formats
+    from rsi.store.harnesses import write_harness_dir
+    from rsi.tasks import get_family
+
+    proposal = addition_formats(load_harness("addition/v2"), {"chunk": [1]})[0]
+    write_harness_dir(tmp_path / "chunks1", proposal.document, proposal.sources)
+    promote(served, "addition", "addition", str(tmp_path / "chunks1"), adapters["addition"], tiny_base, number=2)
+    service = Service(ServeConfig(), served, rsi_home)
+    try:
+        champion = service.champions()["addition"]
+        harness, family = champion.harness, get_family("addition")
+        assert harness.document.plan is not None and champion.generation == 2
+        task = family.tasks("heldout", 7, 3, 1)[0]
+        question = harness.prompt(task.payload)
+        messages = [{"role": "user", "content": question}]
+        assert posed_task(harness, messages).payload == task.payload
+        assert posed_task(harness, [{"role": "user", "content": question[::-1]}]) is None  # renders otherwise
+        params = specialist_params(harness, None)
+        direct = get_backend("hf", model_dir=tiny_base)
+        run = run_plans([task], harness, family, direct, champion.pair_id, params, str(adapters["addition"]))
+        assert len(run.trajectories) >= 3  # a 3-digit addition in 1-digit parts
+        route = Route(specialist="addition", confidence=1.0, scores={}, router="override", reason="model name")
+        reply, finish, prompt_tokens, _ = service.answer(route, service.champions(), messages,
+                                                         ChatRequest(model="rsi/addition", messages=messages), [None])
+        composed = run.paths[0].answer
+        assert reply["content"] == ("" if composed is None else str(composed)) and finish == "stop"
+        assert prompt_tokens == sum(t.tokens.prompt for t in run.trajectories)
+        other = [{"role": "user", "content": "1+2"}]  # no task in the harness's format: one call, as it is
+        alone = direct.generate(["1+2"], params, adapter=str(adapters["addition"]))[0][0].text
+        assert service.answer(route, service.champions(), other, ChatRequest(model="rsi/addition", messages=other),
+                              [None])[0]["content"] == alone
+    finally:
+        service.close()
+
+
+def test_engine_process_answers_like_the_backend_and_fails_calls_when_it_dies(tiny_base) -> None:
+    """The proxy's hf engine in its own process (``rsi.mol.process``): the backend's replies, its errors as
+    themselves; a killed child fails the call in flight and every later one with its exit code, never a hang."""
+    import os
+    import signal
+
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.errors import UserError
+    from rsi.mol.process import EngineProcess
+
+    engine = EngineProcess("hf", model_dir=tiny_base)
+    params = SamplingParams(max_new_tokens=8)
+    prompts = ["12+34=", "5+6="]
+    direct = get_backend("hf", model_dir=tiny_base).generate(prompts, params)
+    same = ("text", "finish_reason", "prompt_tokens", "completion_tokens")
+    assert [[c.model_dump(include=set(same)) for c in row] for row in engine.generate(prompts, params)] == [
+        [c.model_dump(include=set(same)) for c in row] for row in direct]
+    with pytest.raises(UserError, match="no LoRA adapter"):
+        engine.generate(prompts, params, adapter=str(tiny_base / "nope"))
+    in_flight = engine.submit("generate", [f"{i}+{i}=" for i in range(256)], SamplingParams(max_new_tokens=64), None)
+    os.kill(engine._proc.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"exited \(code -9\)"):
+        in_flight.result(timeout=60)
+    with pytest.raises(RuntimeError, match=r"exited \(code -9\)"):
+        engine.generate(prompts, params)
+    engine.close()
 
 
 def test_rsi_serve_command_answers_concurrent_clients_and_stops_on_sigterm(served, adapters, tiny_base) -> None:

@@ -40,7 +40,23 @@ class _Call:
         return {json.dumps(i if isinstance(i, str) else [m.model_dump() for m in i]) for i in self.items}
 
 
-class Batcher:
+class Submitter:
+    """``generate`` and ``chat`` of a backend that queues calls: ``submit`` returns a future of the completions."""
+
+    def submit(self, mode: str, items: list[Any], params: SamplingParams, adapter: str | None,
+               tools: Sequence[dict] = ()) -> Future:
+        raise NotImplementedError
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None
+                 ) -> list[list[Completion]]:
+        return self.submit("generate", list(prompts), params, adapter).result()
+
+    def chat(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
+             adapter: str | None = None) -> list[list[Completion]]:
+        return self.submit("chat", [list(c) for c in conversations], params, adapter, tools).result()
+
+
+class Batcher(Submitter):
     """A backend's ``generate`` and ``chat``, with concurrent calls of equal settings merged into one."""
 
     def __init__(self, backend: Any) -> None:
@@ -49,22 +65,18 @@ class Batcher:
         self._ready = threading.Condition()
         threading.Thread(target=self._run, name="rsi-batcher", daemon=True).start()
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None
-                 ) -> list[list[Completion]]:
-        return self._submit(_Call("generate", list(prompts), params, adapter))
-
-    def chat(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict], params: SamplingParams,
-             adapter: str | None = None) -> list[list[Completion]]:
-        return self._submit(_Call("chat", [list(c) for c in conversations], params, adapter, tools))
-
-    def close(self) -> None:
-        self.backend.close()
-
-    def _submit(self, call: _Call) -> list[list[Completion]]:
+    def submit(self, mode: str, items: list[Any], params: SamplingParams, adapter: str | None,
+               tools: Sequence[dict] = ()) -> Future:
+        """Queue a call (``mode`` 'generate' with prompts, or 'chat' with conversations); its future holds the
+        completions, or the backend's exception."""
+        call = _Call(mode, items, params, adapter, tools)
         with self._ready:
             self._waiting.append(call)
             self._ready.notify()
-        return call.result.result()
+        return call.result
+
+    def close(self) -> None:
+        self.backend.close()
 
     def _take(self) -> list[_Call]:
         """The oldest waiting call and every later one that may share its backend call."""

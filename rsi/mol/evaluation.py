@@ -93,26 +93,28 @@ def answer_accuracy(champions: dict[str, Any], items: list[tuple[str, Any]], rou
             backends[base_dir] = get_backend("hf", model_dir=base_dir)
         return backends[base_dir]
 
-    groups: dict[tuple[str, str], list] = defaultdict(list)  # (true, answering) -> tasks
-    for (true, task), r in zip(items, routed):
-        groups[(true, r)].append(task)
-    oracle = {true: [t for n, t in items if n == true] for true in champions}
-    correct: dict[tuple[str, str], dict[str, bool]] = {}
-    for (true, answering), tasks in list(groups.items()) + [((t, f"oracle:{t}"), ts) for t, ts in oracle.items()]:
-        owner = champions[true]
-        by = champions.get(answering.removeprefix("oracle:"))
-        base_dir = by.base_dir if by else owner.base_dir
-        adapter = str(by.adapter_dir) if by else None
-        params = sampling_params(owner.harness, seed=0, greedy=True)
-        correct[(true, answering)] = solved(tasks, owner.harness, get_family(owner.harness.document.family),
-                                            backend(base_dir), "router-eval", params, adapter)
-    out = {}
-    for true in champions:
-        mine = [(task, r) for (n, task), r in zip(items, routed) if n == true]
-        routed_ok = sum(correct[(true, r)][task.id] for task, r in mine)
-        oracle_ok = sum(correct[(true, f"oracle:{true}")][task.id] for task, _ in mine)
-        out[true] = {"routed": routed_ok / len(mine) if mine else 0.0,
-                     "oracle": oracle_ok / len(mine) if mine else 0.0, "n": float(len(mine))}
-    for b in backends.values():
-        b.close()
-    return out
+    try:
+        groups: dict[tuple[str, str], list] = defaultdict(list)  # (true, answering) -> tasks
+        for (true, task), r in zip(items, routed):
+            groups[(true, r)].append(task)
+        oracle = {true: [t for n, t in items if n == true] for true in champions}
+        correct: dict[tuple[str, str], dict[str, bool]] = {}
+        for (true, answering), tasks in list(groups.items()) + [((t, f"oracle:{t}"), ts) for t, ts in oracle.items()]:
+            owner = champions[true]
+            by = champions.get(answering.removeprefix("oracle:"))
+            base_dir = by.base_dir if by else owner.base_dir
+            adapter = str(by.adapter_dir) if by else None
+            params = sampling_params(owner.harness, seed=0, greedy=True)
+            correct[(true, answering)] = solved(tasks, owner.harness, get_family(owner.harness.document.family),
+                                                backend(base_dir), "router-eval", params, adapter)
+        out = {}
+        for true in champions:
+            mine = [(task, r) for (n, task), r in zip(items, routed) if n == true]
+            routed_ok = sum(correct[(true, r)][task.id] for task, r in mine)
+            oracle_ok = sum(correct[(true, f"oracle:{true}")][task.id] for task, _ in mine)
+            out[true] = {"routed": routed_ok / len(mine) if mine else 0.0,
+                         "oracle": oracle_ok / len(mine) if mine else 0.0, "n": float(len(mine))}
+        return out
+    finally:  # the models are freed when a backend or a harness fails too
+        for b in backends.values():
+            b.close()

@@ -12,20 +12,26 @@ A completion-mode specialist (the built-in model) reads the current turn as its 
 through the harness's ``tool_template``; a reply that ``parse_call`` reads is a tool call. Earlier turns stay in
 the stored conversation, not in its view: its harness poses one task per episode. A chat-mode specialist reads
 the conversation through its base's chat template: its own turns whole, the turns other specialists answered as
-one summary line each run (``chat_view``); the stored conversation names who answered each turn.
+one summary line each run (``chat_view``); the stored conversation names who answered each turn. A specialist
+whose harness has a plan (the demo's ``digit_chunks``) answers a message that poses one of its family's tasks
+in the harness's format by running the plan, as its lineage was evaluated (``posed_task``, ``plan_answer``).
 
 Rate limits are a token bucket per key in the state DB, shared by every worker (``rsi.mol.state.RateLimits``);
 key owners and champions are read from the DB at most every ``CACHE_S`` seconds, so a revoked key or a new
 champion takes effect within that. A new conversation is stored with its first turn in one transaction; turns
 appended to one conversation at once are stored one after the other (``append_messages`` retries).
 
-Engines: ``hf`` (default) decodes in process, one ``HFBackend`` per base model, the specialists' adapters loaded
-by path into its adapter LRU, concurrent requests with equal settings decoded in one batch (``rsi.mol.batching``); ``openai`` sends the same calls to rsi's vLLM engine with runtime LoRA
-(``rsi.engine``; one base only; not covered by the tests here: it needs the engine venv).
+Engines: ``hf`` (default) decodes in a process of its own per base model (``rsi.mol.process``: the decode loop
+does not wait on the proxy's interpreter lock), the specialists' adapters loaded by path into its adapter LRU,
+concurrent requests with equal settings decoded in one batch (``rsi.mol.batching``); ``openai`` sends the same
+calls to rsi's vLLM engine with runtime LoRA (``rsi.engine``; one base only; not covered by the tests here: it
+needs the engine venv). The request handler holds a worker thread only for its state-DB and routing steps, not
+while its reply decodes.
 Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
 """
 
 
+import asyncio
 import json
 import logging
 import os
@@ -33,10 +39,13 @@ import threading
 import time
 import uuid
 from collections import Counter
+from contextlib import asynccontextmanager
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rsi.errors import UserError
 
@@ -102,19 +111,44 @@ class MessageIn(BaseModel):
         return self.content or ""
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool | None = None
+
+
 class ChatRequest(BaseModel):
+    """The fields the proxy reads; others (``tools``: a specialist's tools are its harness's) are ignored. A
+    sampling field sent as null takes its default, as OpenAI's API does."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str
     messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
-    stream: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1)
-    seed: int = 0
+    temperature: float | None = Field(0.0, ge=0.0, le=2.0)
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    n: int | None = Field(1, ge=1, le=1)
+    seed: int | None = 0
+    stop: Annotated[str, Field(min_length=1, max_length=64)] | Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None = None
     conversation_id: str | None = Field(None, pattern=r"^conv-[0-9a-f]{32}$")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "ChatRequest":
+        for name in ("stream", "temperature", "top_p", "n", "seed"):  # null: the default
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, type(self).model_fields[name].default)
+        return self
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class ApiError(Exception):
@@ -237,13 +271,15 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def specialist_params(harness: Any, max_tokens: int | None, temperature: float = 0.0, top_p: float = 1.0,
-                      seed: int = 0) -> Any:
-    """A specialist's sampling: its harness's decoding (stop strings, reply length capped by its limits)."""
+                      seed: int = 0, stop: tuple[str, ...] = ()) -> Any:
+    """A specialist's sampling: its harness's decoding (its stop strings and the client's, reply length capped by
+    its limits)."""
     from rsi.backends.base import SamplingParams
 
     doc = harness.document
     return SamplingParams(max_new_tokens=min(max_tokens or doc.decoding.max_new_tokens, doc.limits.max_completion_tokens),
-                          temperature=temperature, top_p=top_p, seed=seed, stop=doc.decoding.stop)
+                          temperature=temperature, top_p=top_p, seed=seed,
+                          stop=tuple(dict.fromkeys((*doc.decoding.stop, *stop))))
 
 
 # ---- the service: routing and answering, without HTTP ------------------------------------------------------------
@@ -264,6 +300,8 @@ class Service:
         self._recent = Recent(CACHE_S)
         self._backends: dict[Path, Any] = {}
         self._backends_lock = threading.Lock()  # concurrent first requests must not load a base twice
+        self._started_engine = False
+        self._threads = ThreadPoolExecutor(64, thread_name_prefix="rsi-serve-backend")
 
     def owner(self, key: str) -> str | None:
         """The active key's name (remembered for ``CACHE_S``: a revocation reaches the proxy within it)."""
@@ -286,12 +324,25 @@ class Service:
                     if self._backends:
                         raise UserError("the openai engine serves one base model; every specialist must share it")
                     state = engine.start(base_dir, self.home)
+                    self._started_engine = "already running" not in (state.note or "")
                     self._backends[base_dir] = get_backend("openai", base_url=state.base_url, tokenizer_dir=base_dir)
-                else:  # decodes one call at a time: concurrent requests go together (rsi.mol.batching)
-                    from rsi.mol.batching import Batcher
+                else:  # its own process, concurrent requests decoded together (rsi.mol.process, .batching)
+                    from rsi.mol.process import EngineProcess
 
-                    self._backends[base_dir] = Batcher(get_backend("hf", model_dir=base_dir))
+                    self._backends[base_dir] = EngineProcess("hf", model_dir=base_dir)
             return self._backends[base_dir]
+
+    def close(self) -> None:
+        """Stop the engines this service started (the hf engine processes, the vLLM engine) and free the DB."""
+        with self._backends_lock:
+            backends, self._backends = list(self._backends.items()), {}
+        for base_dir, backend in backends:
+            backend.close()
+        if self._started_engine:  # a vLLM engine that was running before the proxy stays running
+            from rsi import engine
+
+            engine.stop(self.home)
+        self.store.dispose()
 
     def choose(self, model: str, messages: list[dict[str, Any]], specialists: list[str | None],
                champions: dict[str, Any]) -> Any:
@@ -333,6 +384,13 @@ class Service:
     def answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest,
                specialists: list[str | None]) -> tuple[dict[str, Any], str, int, int]:
         """(assistant message, finish reason, prompt tokens, completion tokens) of the routed model."""
+        future, finish = self.begin_answer(route, champions, messages, req, specialists)
+        return finish(future.result())
+
+    def begin_answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest,
+                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], tuple[dict[str, Any], str, int, int]]]:
+        """The routed model's call, sent: (a future of its completions, the function that makes them ``answer``'s
+        tuple). The HTTP handler awaits the future without holding a thread while the engine decodes."""
         from rsi.backends.base import SamplingParams
         from rsi.episodes import parse_call, transcript
 
@@ -344,29 +402,93 @@ class Service:
                 raise ApiError(503, "no specialist has a promoted champion, so there is no base model to serve",
                                type_="server_error")
             params = SamplingParams(max_new_tokens=min(wanted or self.config.max_tokens, self.config.max_tokens),
-                                    temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+                                    temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stops())
             user = next(m for m in reversed(messages) if m["role"] == "user")
-            out = self.backend(base_dir).generate([user["content"] or " "], params)[0][0]
-            return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
+            future = self._submit(self.backend(base_dir), "generate", [user["content"] or " "], params, None)
+            return future, lambda out: _plain(out[0][0])
         harness = champion.harness
-        doc = harness.document
-        params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed)
+        params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
         backend, adapter = self.backend(champion.base_dir), str(champion.adapter_dir)
+        task = posed_task(harness, messages) if harness.document.plan is not None and not harness.chat else None
+        if task is not None:  # the champion's harness answers it by its plan, call after call
+            future = self._threads.submit(plan_answer, task, champion, backend, params)
+            return future, lambda answer: answer
         if harness.chat:
             convo = chat_view(messages, specialists, route.specialist)
-            out = backend.chat([convo], harness.chat_tools, params, adapter=adapter)[0][0]
-            calls = [(c.name, c.arguments) for c in out.tool_calls]
+            future = self._submit(backend, "chat", [convo], params, adapter, harness.chat_tools)
         else:
-            text = transcript(view(harness, messages))
-            out = backend.generate([text], params, adapter=adapter)[0][0]
-            call = parse_call(harness, out.text) if doc.tools and out.finish_reason == "stop" else None
-            calls = [call] if call else []
-        if calls:
+            future = self._submit(backend, "generate", [transcript(view(harness, messages))], params, adapter)
+
+        def finish(completions: Any) -> tuple[dict[str, Any], str, int, int]:
+            out = completions[0][0]
+            if harness.chat:
+                calls = [(c.name, c.arguments) for c in out.tool_calls]
+            else:
+                call = parse_call(harness, out.text) if harness.document.tools and out.finish_reason == "stop" else None
+                calls = [call] if call else []
+            if not calls:
+                return _plain(out)
             tool_calls = [{"id": f"call_{route.specialist}_{uuid.uuid4().hex[:12]}", "type": "function",
                            "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
             return ({"role": "assistant", "content": out.text, "tool_calls": tool_calls}, "tool_calls",
                     out.prompt_tokens, out.completion_tokens)
-        return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
+
+        return future, finish
+
+    def _submit(self, backend: Any, mode: str, items: list[Any], params: Any, adapter: str | None,
+                tools: Any = ()) -> Future:
+        """A backend call as a future: queued where the backend queues (``rsi.mol.batching.Submitter``), else run
+        on the service's threads (the openai backend: its HTTP call; the vLLM server batches concurrent ones)."""
+        from rsi.mol.batching import Submitter
+
+        if isinstance(backend, Submitter):
+            return backend.submit(mode, items, params, adapter, tools)
+        if mode == "chat":
+            return self._threads.submit(backend.chat, items, tools, params, adapter=adapter)
+        return self._threads.submit(backend.generate, items, params, adapter=adapter)
+
+
+def posed_task(harness: Any, messages: list[dict[str, Any]]) -> Any:
+    """The task the turn's user message poses in the harness's own format (a payload the family reads from it
+    that the harness renders back to exactly that text), or None."""
+    from rsi.tasks import get_family
+
+    family = get_family(harness.document.family)
+    if messages[-1]["role"] != "user" or family.read is None:
+        return None
+    text = messages[-1]["content"] or ""
+    for payload in family.read(text):
+        try:
+            if harness.prompt(payload) == text:
+                return family.derive(payload)
+        except UserError:
+            continue
+    return None
+
+
+def plan_answer(task: Any, champion: Any, backend: Any, params: Any) -> tuple[dict[str, Any], str, int, int]:
+    """A plan harness's answer to one task: its plan's calls, each answered by the specialist, composed as the
+    plan composes them (``rsi.plans``); the composed answer written by the harness's answer template, else as
+    the value itself (an addition's sum in decimal); empty when a call gave no answer. Tokens: all the calls'."""
+    from rsi.plans import run_plans
+    from rsi.tasks import get_family
+
+    harness = champion.harness
+    run = run_plans([task], harness, get_family(harness.document.family), backend, champion.pair_id,
+                    params.model_copy(update={"n": 1}), str(champion.adapter_dir))
+    answer = run.paths[0].answer
+    if answer is None:
+        content = ""
+    elif harness.document.answer.template:
+        content = harness.render_answer(task.payload, answer)
+    else:
+        content = str(answer)
+    return ({"role": "assistant", "content": content}, "stop", sum(t.tokens.prompt for t in run.trajectories),
+            sum(t.tokens.completion for t in run.trajectories))
+
+
+def _plain(out: Any) -> tuple[dict[str, Any], str, int, int]:
+    return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------------------
@@ -375,6 +497,7 @@ class Service:
 def create_app(config: ServeConfig | None = None, store: Any = None, home: Path | None = None):
     """The FastAPI app; with no arguments (a uvicorn worker) its config comes from ``RSI_SERVE_CONFIG``."""
     from fastapi import FastAPI, Request
+    from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -396,7 +519,13 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     routing_s = Histogram("rsi_serve_routing_seconds", "time to pick a specialist", registry=metrics)
     answer_s = Histogram("rsi_serve_answer_seconds", "time to generate a reply", registry=metrics)
     tokens = Counter("rsi_serve_tokens", "tokens, by kind", ["kind"], registry=metrics)
-    app = FastAPI(title="rsi Mixture-of-LoRA proxy")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        service.close()  # the engine processes (and a vLLM engine the proxy started) stop with the proxy
+
+    app = FastAPI(title="rsi Mixture-of-LoRA proxy", lifespan=lifespan)
 
     def error(exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -415,7 +544,11 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.exception_handler(UserError)
     async def _user(request: Request, exc: UserError) -> JSONResponse:
-        return error(ApiError(400, str(exc)))
+        # what a request does wrong is an ApiError; a UserError here is the server's setup (a missing base, an
+        # engine that would not start): the operator's to fix, logged in full, its paths not shown to clients
+        log.error("cannot serve %s: %s", request.url.path, exc)
+        return error(ApiError(503, "the proxy cannot serve this request: a problem with its setup (the proxy's log "
+                              "says which)", type_="server_error", code="service_unavailable"))
 
     def unexpected(exc: Exception) -> JSONResponse:
         log.exception("internal error")
@@ -456,12 +589,12 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         return owner
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    def health() -> dict[str, Any]:  # a worker thread: no request holds one while its reply decodes
         return {"status": "ok", "specialists": sorted(service.champions()), "router": config.router,
                 "not_served": sorted(service.registry.broken())}
 
     @app.get("/metrics")
-    def prometheus() -> PlainTextResponse:
+    async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(metrics).decode(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -471,14 +604,10 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "rsi"}
                                            for m in service.model_ids(champions)]}
 
-    @app.post("/v1/chat/completions")
-    def chat_completions(request: Request, body: dict[str, Any]) -> Any:
-        owner = owner_of(request)
-        try:
-            req = ChatRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _validation_error(exc.errors()) from None
-        conversation_id = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+    def begin(req: ChatRequest, owner: str, header_id: str | None) -> tuple:
+        """The state-DB and routing half of a request, on a worker thread: the conversation, the route, the
+        engine call sent."""
+        conversation_id = req.conversation_id or header_id
         continued = bool(conversation_id)
         sent = [stored_message(m) for m in req.messages]
         if continued:
@@ -499,15 +628,34 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         champions = service.champions()
         route = service.choose(req.model, messages, specialists, champions)
         routing_s.observe(time.perf_counter() - started)
-        started = time.perf_counter()
-        reply, finish, prompt_tokens, completion_tokens = service.answer(route, champions, messages, req, specialists)
-        answer_s.observe(time.perf_counter() - started)
-        who = route.specialist or BASE
-        turn = [(m, None) for m in added] + [(reply, who)]
+        future, finish = service.begin_answer(route, champions, messages, req, specialists)
+        return conversation_id, continued, added, route, future, finish
+
+    def save(conversation_id: str, continued: bool, owner: str, turn: list) -> None:
         if continued:
             state.append_messages(store, conversation_id, turn)
         else:
             state.start_conversation(store, conversation_id, owner, turn)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        owner = await run_in_threadpool(owner_of, request)  # a wrong key is 401 whatever the body
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+        try:
+            req = ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            raise _validation_error(exc.errors()) from None
+        started = time.perf_counter()
+        conversation_id, continued, added, route, future, finish = await run_in_threadpool(
+            begin, req, owner, request.headers.get(CONVERSATION_HEADER))
+        reply, finish_reason, prompt_tokens, completion_tokens = finish(await asyncio.wrap_future(future))
+        answer_s.observe(time.perf_counter() - started)
+        who = route.specialist or BASE
+        # stored before the reply goes out: a client that has the reply finds it in the conversation
+        await run_in_threadpool(save, conversation_id, continued, owner, [(m, None) for m in added] + [(reply, who)])
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
@@ -515,17 +663,18 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                 "conversation_id": conversation_id}
         headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who}
         completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
         if req.stream:
-            return StreamingResponse(_chunks(completion_id, created, model, reply, finish, info),
+            return StreamingResponse(_chunks(completion_id, created, model, reply, finish_reason, info,
+                                             usage if req.include_usage() else None),
                                      media_type="text/event-stream", headers=headers)
         message = {"role": "assistant", "content": None if reply.get("tool_calls") else reply["content"]}
         if reply.get("tool_calls"):
             message["tool_calls"] = reply["tool_calls"]
         body = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-                "conversation_id": conversation_id, "rsi": info}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+                "usage": usage, "conversation_id": conversation_id, "rsi": info}
         return JSONResponse(body, headers=headers)
 
     return app
@@ -542,13 +691,16 @@ def _sync_at_checkpoints(store: Any) -> None:
         store.engine.dispose()  # connections opened before the listener get it when opened again
 
 
-def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any], finish: str, info: dict[str, Any]):
-    """The reply as OpenAI ``chat.completion.chunk`` server-sent events, ending with ``data: [DONE]``."""
+def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any], finish: str, info: dict[str, Any],
+            usage: dict[str, int] | None = None):
+    """The reply as OpenAI ``chat.completion.chunk`` server-sent events, ending with ``data: [DONE]``; with
+    ``usage`` (``stream_options.include_usage``) a last chunk with no choices carries it."""
 
-    def event(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def event(delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                                             "logprobs": None}]
         chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-                 "conversation_id": info["conversation_id"], "rsi": info}
+                 "choices": choices, **extra, "conversation_id": info["conversation_id"], "rsi": info}
         return f"data: {json.dumps(chunk)}\n\n"
 
     yield event({"role": "assistant", "content": ""})
@@ -559,6 +711,8 @@ def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any],
         for i in range(0, len(text), 4):
             yield event({"content": text[i:i + 4]})
     yield event({}, finish)
+    if usage is not None:
+        yield event(None, usage=usage)
     yield "data: [DONE]\n\n"
 
 

@@ -137,10 +137,11 @@ def train_router(kind: str, champions: dict[str, Champion], home: Path, per_leve
     folder = router_dir(home, kind)
     folder.mkdir(parents=True, exist_ok=True)
     model.save(folder)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / MANIFEST)  # the adapter's too
     manifest = {"kind": kind, "names": list(model.names), "examples": len(examples),
                 "examples_digest": digest([[e.text, e.specialist] for e in examples]),
-                "digest": digest([[p.name, digest(p.read_bytes().hex())] for p in files]) if files else ""}
+                "digest": digest([[p.relative_to(folder).as_posix(), digest(p.read_bytes().hex())] for p in files])
+                if files else ""}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
 
