@@ -92,19 +92,24 @@ def promote(store, lineage: str, family: str, harness_ref: str, adapter: Path, b
 @pytest.fixture
 def served(adapters: dict[str, Path], tiny_base: Path, rsi_home: Path):
     """A state DB (SQLite in RSI_HOME) with the addition and sorting specialists admitted and an ngram router."""
-    from rsi.mol.registry import Registry, add_specialist
-    from rsi.mol.routers import train_router
     from rsi.store import open_store
 
+    store = admit_both(open_store(), adapters, tiny_base, rsi_home)
+    yield store
+    store.dispose()
+
+
+def admit_both(store, adapters: dict[str, Path], tiny_base: Path, rsi_home: Path):
+    from rsi.mol.registry import Registry, add_specialist
+    from rsi.mol.routers import train_router
+
     seed_home(rsi_home, tiny_base)
-    store = open_store()
     promote(store, "addition", "addition", "harness_versions/addition/v2", adapters["addition"], tiny_base)
     promote(store, "sorting", "sorting", "harness_versions/sorting/v1", adapters["sorting"], tiny_base)
     add_specialist(store, "addition", description="adds two numbers", levels=ADDITION_LEVELS)
     add_specialist(store, "sorting", description="sorts digits by swaps", levels=SORTING_LEVELS)
     train_router("ngram", Registry(store, rsi_home).champions(), rsi_home, per_level=16)
-    yield store
-    store.dispose()
+    return store
 
 
 def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, tiny_base, rsi_home) -> None:
@@ -323,6 +328,46 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": "conv-" + "0" * 32},
                                            messages=[{"role": "user", "content": "1+1="}])
+
+
+def test_proxy_keeps_conversations_on_each_state_db(db_url, adapters, tiny_base, rsi_home) -> None:
+    """The proxy on SQLite and on PostgreSQL: concurrent new conversations, and a tool episode continued from
+    its stored history with only the tool result and the conversation id; every turn stored in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from rsi.hcp import load_harness
+    from rsi.mol.state import conversation_messages, create_key
+    from rsi.store import open_store
+    from rsi.tasks import get_family
+
+    store = admit_both(open_store(db_url), adapters, tiny_base, rsi_home)
+    key = create_key(store, "db-tester")
+    addition, sorting = load_harness("addition/v2"), load_harness("sorting/v1")
+    questions = [addition.prompt(t.payload) for t in get_family("addition").tasks("heldout", 9, 2, 4)]
+    sort_task = get_family("sorting").tasks("heldout", 9, 1, 1)[0]
+    with Server(store, rsi_home, burst=100) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+        def ask(question: str) -> str:
+            return client.chat.completions.create(
+                model="rsi/auto", messages=[{"role": "user", "content": question}]).model_extra["conversation_id"]
+
+        with ThreadPoolExecutor(4) as pool:
+            started = list(pool.map(ask, questions))
+        assert len(set(started)) == 4 and all(len(conversation_messages(store, c, "db-tester")) == 2 for c in started)
+        call = client.chat.completions.create(model="rsi/auto",
+                                              messages=[{"role": "user", "content": sorting.prompt(sort_task.payload)}])
+        conversation, made = call.model_extra["conversation_id"], call.choices[0].message.tool_calls[0]
+        result = client.chat.completions.create(model="rsi/auto", extra_body={"conversation_id": conversation},
+                                                messages=[{"role": "tool", "tool_call_id": made.id, "content": "0123456"}])
+        assert result.model == "rsi/sorting" and result.model_extra["rsi"]["router"] == "sticky"
+    stored = conversation_messages(store, conversation, "db-tester")
+    assert [m["role"] for m, _ in stored] == ["user", "assistant", "tool", "assistant"]
+    assert [who for _, who in stored] == [None, "sorting", None, "sorting"]
+    assert stored[1][0]["tool_calls"][0]["id"] == made.id
+    store.dispose()
 
 
 def _rsi(*args: str) -> "subprocess.CompletedProcess[str]":
