@@ -249,6 +249,7 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
             model="rsi/auto", messages=[{"role": "user", "content": addition.prompt(add_task.payload)}])
         reply = raw.parse()
         assert reply.model == "rsi/addition" and raw.headers["x-rsi-specialist"] == "addition"
+        assert [p.split(";")[0] for p in raw.headers["server-timing"].split(", ")] == ["auth", "prepare", "engine", "store"]
         assert reply.choices[0].message.content == expected_sum
         conversation = raw.headers["x-rsi-conversation-id"]
         assert reply.model_extra["conversation_id"] == conversation

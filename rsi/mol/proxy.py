@@ -303,10 +303,13 @@ class Service:
         self._started_engine = False
         self._threads = ThreadPoolExecutor(64, thread_name_prefix="rsi-serve-backend")
 
-    def owner(self, key: str) -> str | None:
-        """The active key's name (remembered for ``CACHE_S``: a revocation reaches the proxy within it)."""
+    def owner(self, key: str, cached: bool = False) -> str | None:
+        """The active key's name (remembered for ``CACHE_S``: a revocation reaches the proxy within it);
+        ``cached``: only what is remembered, None if that would need the DB."""
         from rsi.mol.state import key_owner
 
+        if cached:
+            return self._recent.peek(("key", key))
         return self._recent.get(("key", key), lambda: key_owner(self.store, key))
 
     def champions(self) -> dict[str, Any]:
@@ -558,26 +561,55 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return unexpected(exc)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
+    class Guard:
         """Refuse an oversized body before reading it; count every response by its route (a made-up path is
-        'other', so the metric's series stay bounded), 500s included."""
-        size = request.headers.get("content-length", "0")
-        if not size.isdigit() or int(size) > MAX_BODY_BYTES:
-            response = error(ApiError(413, f"request body over {MAX_BODY_BYTES} bytes (or no valid Content-Length); "
-                                      "send fewer or shorter messages", code="request_too_large"))
-        else:
-            try:
-                response = await call_next(request)
-            except Exception as exc:  # raised past the handlers: still an OpenAI-style 500, and counted
-                response = unexpected(exc)
-        route = request.scope.get("route")
-        requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
-        return response
+        'other', so the metric's series stay bounded), 500s included. Plain ASGI, not ``@app.middleware``:
+        Starlette's request/response middleware costs each request a task and a stream (``bench/serve.py``)."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return await self.app(scope, receive, send)
+            size = dict(scope["headers"]).get(b"content-length", b"0")
+            status, started = 500, False
+
+            async def sending(message: dict) -> None:
+                nonlocal status, started
+                if message["type"] == "http.response.start":
+                    status, started = message["status"], True
+                await send(message)
+
+            if not size.isdigit() or int(size) > MAX_BODY_BYTES:
+                status = 413
+                await error(ApiError(413, f"request body over {MAX_BODY_BYTES} bytes (or no valid Content-Length); "
+                                     "send fewer or shorter messages", code="request_too_large"))(scope, receive, send)
+            else:
+                try:
+                    await self.app(scope, receive, sending)
+                except Exception as exc:  # raised past the handlers: still an OpenAI-style 500, and counted
+                    if started:
+                        raise
+                    await unexpected(exc)(scope, receive, send)
+            requests.labels(getattr(scope.get("route"), "path", "other"), str(status)).inc()
+
+    app.add_middleware(Guard)
+
+    def bearer(request: Request) -> str:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        return key.strip() if scheme.lower() == "bearer" else ""
+
+    def owner_now(request: Request) -> str | None:
+        """The key's owner when neither the key nor the rate limit needs the state DB (a remembered key, a
+        token left in this worker's lease), on the event loop; else None, and ``owner_of`` on a thread."""
+        key = bearer(request)
+        owner = service.owner(key, cached=True) if key else None
+        return owner if owner is not None and service.limits.take_leased(owner) else None
 
     def owner_of(request: Request) -> str:
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        owner = service.owner(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        key = bearer(request)
+        owner = service.owner(key) if key else None
         if owner is None:
             raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' with a key from "
                            "`rsi keys create NAME`", type_="authentication_error", code="invalid_api_key")
@@ -639,7 +671,13 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        owner = await run_in_threadpool(owner_of, request)  # a wrong key is 401 whatever the body
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
+
+        owner = owner_now(request) or await run_in_threadpool(owner_of, request)  # 401 before the body is read
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
@@ -648,20 +686,24 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             req = ChatRequest.model_validate(body)
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
-        started = time.perf_counter()
+        times = {"auth": lap()}
         conversation_id, continued, added, route, future, finish = await run_in_threadpool(
             begin, req, owner, request.headers.get(CONVERSATION_HEADER))
+        times["prepare"] = lap()
         reply, finish_reason, prompt_tokens, completion_tokens = finish(await asyncio.wrap_future(future))
-        answer_s.observe(time.perf_counter() - started)
+        times["engine"] = lap()
+        answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
         # stored before the reply goes out: a client that has the reply finds it in the conversation
         await run_in_threadpool(save, conversation_id, continued, owner, [(m, None) for m in added] + [(reply, who)])
+        times["store"] = lap()
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
         info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,
                 "conversation_id": conversation_id}
-        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who}
+        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,  # where a request's time went
+                   "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())}
         completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}

@@ -82,12 +82,17 @@ class Recent:
         self._values: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: Any, compute: Any) -> Any:
-        now = time.monotonic()
+    def peek(self, key: Any) -> Any:
+        """The remembered value, or None when there is none within ``ttl_s`` (without computing it)."""
         with self._lock:
             hit = self._values.get(key)
-        if hit is not None and now - hit[0] < self.ttl_s:
-            return hit[1]
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < self.ttl_s else None
+
+    def get(self, key: Any, compute: Any) -> Any:
+        value = self.peek(key)
+        if value is not None:
+            return value
+        now = time.monotonic()
         value = compute()
         if value is not None:
             with self._lock:
@@ -129,14 +134,18 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
 
 def start_conversation(store: Store, conversation_id: str, owner: str,
                        messages: list[tuple[dict[str, Any], str | None]]) -> None:
-    """A new conversation with its first messages, in one transaction (its first turn costs one write)."""
-    from rsi.store.schema import ConversationMessageRow, ConversationRow
+    """A new conversation with its first messages, in one transaction (its first turn costs one write). Core
+    inserts, not ORM objects: this write is on every new conversation's reply path (``bench/serve.py``)."""
+    from sqlalchemy import insert
 
-    with store.session() as s:
-        s.add(ConversationRow(id=conversation_id, api_key=owner))
-        s.flush()
-        s.add_all([ConversationMessageRow(conversation_id=conversation_id, position=i, message=message,
-                                          specialist=specialist) for i, (message, specialist) in enumerate(messages)])
+    from rsi.store.schema import ConversationMessageRow, ConversationRow, utcnow
+
+    now = utcnow()
+    with store.engine.begin() as conn:
+        conn.execute(insert(ConversationRow.__table__), [{"id": conversation_id, "api_key": owner, "created_at": now}])
+        conn.execute(insert(ConversationMessageRow.__table__),
+                     [{"conversation_id": conversation_id, "position": i, "message": message, "specialist": specialist,
+                       "created_at": now} for i, (message, specialist) in enumerate(messages)])
 
 
 def append_messages(store: Store, conversation_id: str, messages: list[tuple[dict[str, Any], str | None]],
@@ -186,11 +195,8 @@ class RateLimits:
 
     def take(self, key: str) -> float:
         """0.0 when a request may go now, else the seconds until one may."""
-        with self._lock:
-            expires, left = self._leases.get(key, (0.0, 0))
-            if left > 0 and time.monotonic() < expires:
-                self._leases[key] = (expires, left - 1)
-                return 0.0
+        if self.take_leased(key):
+            return 0.0
         want = max(1, min(self.burst, int(self.rate * self.LEASE_S)))
         got, wait = self._take(key, want)
         if not got and want > 1:
@@ -199,6 +205,15 @@ class RateLimits:
             with self._lock:
                 self._leases[key] = (time.monotonic() + self.LEASE_S, got - 1)
         return 0.0 if got else wait
+
+    def take_leased(self, key: str) -> bool:
+        """Take a token from this worker's lease, without the DB; False when the lease is spent or expired."""
+        with self._lock:
+            expires, left = self._leases.get(key, (0.0, 0))
+            if left > 0 and time.monotonic() < expires:
+                self._leases[key] = (expires, left - 1)
+                return True
+        return False
 
     def _take(self, key: str, n: int) -> tuple[int, float]:
         """(tokens taken from the DB bucket, n or 0; seconds until n are there)."""
