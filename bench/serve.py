@@ -1,7 +1,7 @@
 """Serving load: latency and requests/s of ``rsi serve`` against the engine it wraps, with 1, 8 and 32 clients.
 
-Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
-two arms below alternate ``--rounds`` times at each client count, their latencies pooled; every
+Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load; at least
+64 requests a round in all, so 1 client sends 64), and the two arms below alternate ``--rounds`` times at each client count, their latencies pooled; every
 request is a real chat completion: an addition question in the specialist's harness format (one level, so the
 prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
 Two arms per engine and client count, measured in the same run:
@@ -52,6 +52,7 @@ from generation import machine_info, write_report
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
 SPECIALIST = "addition"
+MIN_ROUND = 64  # requests per round and arm at least, whatever the client count
 
 
 @dataclass(frozen=True)
@@ -281,9 +282,10 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
             load(send, prompts, 4, 2)
         for n in clients:
             done: dict[str, list] = {"direct": [], "proxy": []}
+            each = max(per_client, -(-MIN_ROUND // n))  # few clients send more each: a p50 of enough requests
             for _ in range(rounds):
-                direct_arm = measure(engine, "direct", send_direct, prompts, n, per_client, done["direct"])
-                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, per_client, done["proxy"])
+                direct_arm = measure(engine, "direct", send_direct, prompts, n, each, done["direct"])
+                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, each, done["proxy"])
             arms += [direct_arm, proxy_arm]
     return arms
 
@@ -320,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="hf", help="comma-separated, of hf and vllm")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
-    parser.add_argument("--per-client", type=int, default=8, help="requests each client sends")
+    parser.add_argument("--per-client", type=int, default=8, help=f"requests each client sends per round (at least "
+                        f"{MIN_ROUND} per round in all)")
     parser.add_argument("--rounds", type=int, default=3, help="times each arm runs, alternating, pooled")
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -330,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     clients = [int(c) for c in args.clients.split(",")]
     store, champion, key_name, key = prepare()
-    prompts = questions(champion, args.level, max(clients) * args.per_client)
+    prompts = questions(champion, args.level, max(max(clients) * args.per_client, MIN_ROUND))
     arms: list[Arm] = []
     try:
         for engine in args.engines.split(","):
