@@ -14,9 +14,11 @@ Two arms per engine and client count, measured in the same run:
   plan's calls when the champion's harness has a plan: ``rsi.mol.proxy.plan_answer``), so the ratio is what
   the proxy adds (HTTP, auth, rate limit, routing, conversation writes, the engine in another process), not
   what batching gives;
-  for ``vllm`` (the proxy with ``--engine openai``), the vLLM server's own ``/v1/completions`` over HTTP.
+  for ``vllm`` (the proxy with ``--engine openai``), the same calls to the vLLM server's own ``/v1/completions``
+  over HTTP, from this process.
 
-It prints p50/p99 latency, requests/s and errors per arm, and the proxy over direct ratios (p50, p99 latency;
+It prints p50/p99 latency, requests/s and errors per arm, the proxy's own median time per stage (its replies'
+``Server-Timing``: auth, prepare, engine, store), and the proxy over direct ratios (p50, p99 latency;
 requests/s), and writes them to ``bench/results/serve.json``. The acceptance bound: no errors at 32 clients
 and proxy p50 <= 1.15x direct p50.
 
@@ -44,7 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from generation import machine_info, write_report
@@ -55,7 +57,7 @@ SPECIALIST = "addition"
 MIN_ROUND = 64  # requests per round and arm at least, whatever the client count
 
 
-@dataclass(frozen=True)
+@dataclass
 class Arm:
     """One arm at one concurrency: latencies of the requests that succeeded, errors, wall time."""
 
@@ -67,6 +69,7 @@ class Arm:
     seconds: float
     p50_ms: float
     p99_ms: float
+    server_ms: dict[str, float] = field(default_factory=dict)  # proxy arm: median ms per stage (Server-Timing)
 
     @property
     def requests_per_s(self) -> float:
@@ -168,8 +171,10 @@ def http_clients(count: int, **headers: str) -> list:
     return [httpx.Client(headers=headers, timeout=120) for _ in range(count)]
 
 
-def proxy_sender(url: str, key: str, clients: int) -> Callable[[int, str], None]:
-    """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error."""
+def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]]
+                 ) -> Callable[[int, str], None]:
+    """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error. Each
+    reply's ``Server-Timing`` (ms per stage in the proxy) is appended to ``stages``."""
     pool = http_clients(clients, Authorization=f"Bearer {key}")
 
     def send(c: int, prompt: str) -> None:
@@ -179,6 +184,8 @@ def proxy_sender(url: str, key: str, clients: int) -> Callable[[int, str], None]
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
         if r.headers.get("x-rsi-specialist") != SPECIALIST:
             raise RuntimeError(f"routed to {r.headers.get('x-rsi-specialist')!r}, not {SPECIALIST!r}")
+        stages.append({name.strip(): float(dur) for name, _, dur in
+                       (part.partition(";dur=") for part in r.headers["server-timing"].split(","))})
 
     return send
 
@@ -218,52 +225,51 @@ def proxy(engine: str) -> Iterator[str]:
 # ---- engines: the direct arm ------------------------------------------------------------------------------
 
 
-@contextmanager
-def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
-    from rsi.backends.hf import HFBackend
-    from rsi.mol.batching import Batcher
-
+def engine_sender(champion, backend, params) -> Callable[[int, str], None]:
+    """A request's engine work as the proxy does it, without the proxy: the plan's calls when the champion's
+    harness has a plan (``rsi.mol.proxy.plan_answer``), else one ``generate`` of the prompt."""
     from rsi.mol.proxy import plan_answer, posed_task
 
-    backend = Batcher(HFBackend(champion.base_dir))  # the engine with the same dynamic batching the proxy uses
     adapter = str(champion.adapter_dir)
     plan = champion.harness.document.plan is not None
 
-    def send(c: int, prompt: str) -> None:  # the engine work the proxy does: the plan's calls, or one call
+    def send(c: int, prompt: str) -> None:
         task = posed_task(champion.harness, [{"role": "user", "content": prompt}]) if plan else None
         if task is not None:
             plan_answer(task, champion, backend, params)
         else:
             backend.generate([prompt], params, adapter=adapter)
 
-    yield send
-    backend.close()
+    return send
 
 
 @contextmanager
-def direct_vllm(champion, params, clients: int) -> Iterator[Callable[[int, str], None]]:
-    """The engine's own ``/v1/completions`` with the specialist's adapter (loaded as the openai backend names it)."""
+def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
+    """One ``HFBackend`` in this process behind the proxy's own dynamic batcher."""
+    from rsi.backends.hf import HFBackend
+    from rsi.mol.batching import Batcher
+
+    backend = Batcher(HFBackend(champion.base_dir))
+    try:
+        yield engine_sender(champion, backend, params)
+    finally:
+        backend.close()
+
+
+@contextmanager
+def direct_vllm(champion, params) -> Iterator[Callable[[int, str], None]]:
+    """rsi's vLLM engine over its own HTTP API (rsi's openai backend: ``/v1/completions``, the specialist's adapter
+    loaded at runtime); the proxy with ``--engine openai`` finds the same engine running and uses it."""
     from rsi import engine
     from rsi.backends.openai import OpenAIBackend
     from rsi.config import get_settings
 
     state = engine.start(champion.base_dir, get_settings().home)
-    loader = OpenAIBackend(state.base_url, tokenizer_dir=champion.base_dir)
-    name = loader.adapter_name(champion.adapter_dir)
-    loader.generate(["1+1="], params, adapter=str(champion.adapter_dir))  # loads it
-    pool = http_clients(clients)
-    body = {"model": name, "max_tokens": params.max_new_tokens, "temperature": 0.0, "seed": 0,
-            "stop": list(params.stop) or None}
-
-    def send(c: int, prompt: str) -> None:
-        r = pool[c].post(f"{state.base_url}/completions", json={**body, "prompt": prompt})
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-
+    backend = OpenAIBackend(state.base_url, tokenizer_dir=champion.base_dir)
     try:
-        yield send
+        yield engine_sender(champion, backend, params)
     finally:
-        loader.close()
+        backend.close()
         if "already running" not in (state.note or ""):
             engine.stop(get_settings().home)
 
@@ -274,18 +280,21 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
     from rsi.mol.proxy import specialist_params
 
     params = specialist_params(champion.harness, None)
-    direct = direct_hf(champion, params) if engine == "hf" else direct_vllm(champion, params, max(clients))
+    direct = direct_hf(champion, params) if engine == "hf" else direct_vllm(champion, params)
     arms = []
     with direct as send_direct, proxy("hf" if engine == "hf" else "openai") as url:
-        send_proxy = proxy_sender(url, key, max(clients))
+        stages: list[dict[str, float]] = []
+        send_proxy = proxy_sender(url, key, max(clients), stages)
         for send in (send_direct, send_proxy):  # warm-up: adapters loaded, first-call costs paid
             load(send, prompts, 4, 2)
         for n in clients:
             done: dict[str, list] = {"direct": [], "proxy": []}
+            stages.clear()
             each = max(per_client, -(-MIN_ROUND // n))  # few clients send more each: a p50 of enough requests
             for _ in range(rounds):
                 direct_arm = measure(engine, "direct", send_direct, prompts, n, each, done["direct"])
                 proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, each, done["proxy"])
+            proxy_arm.server_ms = {k: statistics.median(t[k] for t in stages) for k in stages[0]} if stages else {}
             arms += [direct_arm, proxy_arm]
     return arms
 
@@ -312,6 +321,14 @@ def print_table(arms: list[Arm], rows: list[dict]) -> None:
         print(f"| {a.engine} | {a.clients} | {a.arm} | {a.requests} | {a.errors} | {a.p50_ms:.1f} | {a.p99_ms:.1f} "
               f"| {a.requests_per_s:.1f} |")
     print()
+    stages = [a for a in arms if a.server_ms]
+    if stages:
+        names = list(stages[0].server_ms)
+        print("| engine | clients | " + " | ".join(f"{n} ms (p50)" for n in names) + " |")
+        print("|---|---:|" + "---:|" * len(names))
+        for a in stages:
+            print(f"| {a.engine} | {a.clients} | " + " | ".join(f"{a.server_ms[n]:.2f}" for n in names) + " |")
+        print()
     print("| engine | clients | proxy/direct p50 | p99 | req/s |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
@@ -324,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
     parser.add_argument("--per-client", type=int, default=8, help=f"requests each client sends per round (at least "
                         f"{MIN_ROUND} per round in all)")
-    parser.add_argument("--rounds", type=int, default=3, help="times each arm runs, alternating, pooled")
+    parser.add_argument("--rounds", type=int, default=6, help="times each arm runs, alternating, pooled")
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
