@@ -127,7 +127,7 @@ def control_arm(run, rounds, out: Path) -> tuple[Path | None, list[dict]]:
     adapter, log = None, []
     for gen in rounds:
         seed = stream_seed("base", run.config.seed, gen.number)
-        tasks = [t for lvl in run.recipe.train_levels for t in run.family.tasks("train", seed, lvl, 1024)]
+        tasks = [t for lvl in run.base_levels for t in run.family.tasks("train", seed, lvl, 1024)]
         examples = tuple(Example(trajectory_id=f"label-{t.id}", level=t.level, prompt=prompt, completion=completion,
                                  turns=turns, source="replay")
                          for t in tasks for prompt, completion, turns in [labelled(run, t)])

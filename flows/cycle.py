@@ -137,7 +137,7 @@ def discover(config: CycleConfig, number: int, champ: Champion) -> Discovered:
 
 def champion_accuracy(run: LineageRun, champ: Champion, gen: Generation) -> dict[int, float]:
     """Held-out greedy accuracy of the champion, from level 1 up to where it stops being admissible."""
-    top = max(run.recipe.train_levels) + run.config.eval_headroom
+    top = max(run.base_levels) + run.config.eval_headroom
     ceiling = run.max_level(run.harness_of(champ))
     scores = run.scores(champ, champ.adapter_dir, list(range(1, min(top, ceiling) + 1)), gen.id)
     while top < ceiling and scores[top].accuracy >= run.config.curriculum.admit:
@@ -869,7 +869,7 @@ def mastered_up_to(run: LineageRun) -> int:
     or a later discovery measured them (a harness that poses longer tasks is measured there)."""
     promoted = [g for g in run.finished_generations() if g.status == "promoted"]
     if not promoted:
-        return max(run.recipe.train_levels)
+        return max(run.base_levels)
     pair_id = promoted[-1].candidate_pair_id
     levels = list(range(1, run.config.curriculum.max_level + 1))
     stored = run.stored_scores([pair_id], levels, "heldout").get(pair_id, {})

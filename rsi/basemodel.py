@@ -9,6 +9,10 @@ digit first and zero-padded to ``W`` digits; ``completion`` = the sum, least-sig
 ``n > 1``). Loss is on completion tokens and EOS only. The tokenizer is character level over printable ASCII
 (plus ``<pad> <eos> <bos> <unk>``) and prepends ``<bos>`` itself.
 
+A tool family's base trains on its expert episodes instead (``BaseRecipe.family``), and one base may train on
+several families (``BaseRecipe.also``), so that several lineages' champions share one frozen base: each family's
+batches built and their loss taken as for a base of that family alone, interleaved evenly under one LR schedule.
+
 Heavy imports (torch, transformers, tokenizers) happen inside functions so that importing this module is cheap.
 """
 
@@ -22,6 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +55,36 @@ _EVAL_STREAM = 0x5EED_E7A1  # eval tasks come from a seed stream disjoint from t
 _TRAIN_STREAM = 0x7EA1_0001
 
 
+class FamilyPart(pydantic.BaseModel, frozen=True):
+    """One more family a joint base is pretrained on (``BaseRecipe.also``): the fields that differ per family,
+    as ``BaseRecipe`` describes them for its own, and the optimizer steps its batches get."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    family: str
+    harness: str | None = None
+    mistakes: float = pydantic.Field(0.0, ge=0.0, lt=1.0)
+    train_levels: tuple[int, ...]
+    level_weights: tuple[float, ...]
+    steps: int = pydantic.Field(ge=1, description="optimizer steps on this family's batches")
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> FamilyPart:
+        _check_family(self)
+        return self
+
+
+def _check_family(p: FamilyPart | BaseRecipe) -> None:
+    """The checks a family's fields pass, the recipe's own family and each ``also`` part alike."""
+    if len(p.level_weights) != len(p.train_levels):
+        raise ValueError("level_weights must have one weight per entry of train_levels")
+    if any(w < 0 for w in p.level_weights) or sum(p.level_weights) <= 0:
+        raise ValueError("level_weights must be >= 0 with a positive sum")
+    if (p.family == "addition") != (p.harness is None):
+        raise ValueError("a tool family's base is trained on its episodes under a harness: set harness for a "
+                         "family other than addition, and only then")
+
+
 class BaseRecipe(pydantic.BaseModel, frozen=True):
     """Every knob that changes the base model's weights."""
 
@@ -63,6 +98,9 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         "a tool family's demonstrations: the chance per turn that the expert makes a mistake it then recovers "
         "from (noise injection, as in DART). Without it every level-n episode says 'done' after exactly n calls "
         "and the base learns to count turns, not to look at the state"))
+    also: tuple[FamilyPart, ...] = pydantic.Field((), description=(
+        "more families for one joint base (several lineages' champions on one frozen base): each part's batches "
+        "get its own steps, interleaved evenly with the recipe's own family's under one LR schedule"))
     width: int = 10
     train_levels: tuple[int, ...] = (1, 2, 3)
     level_weights: tuple[float, ...] = (1.0, 2.0, 4.0)  # sampling weights, hardest level most
@@ -87,26 +125,43 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> BaseRecipe:
-        if len(self.level_weights) != len(self.train_levels):
-            raise ValueError("level_weights must have one weight per entry of train_levels")
-        if not self.train_levels or any(not 1 <= lv <= self.width for lv in self.train_levels):
-            raise ValueError(f"train_levels must be non-empty and within 1..width={self.width}")
-        if any(w < 0 for w in self.level_weights) or sum(self.level_weights) <= 0:
-            raise ValueError("level_weights must be >= 0 with a positive sum")
+        _check_family(self)
+        for r in self.families():
+            if not r.train_levels or any(not 1 <= lv <= self.width for lv in r.train_levels):
+                raise ValueError(f"{r.family}: train_levels must be non-empty and within 1..width={self.width}")
         if self.d_model % self.n_heads or self.d_model // self.n_heads not in (32, 64):
             raise ValueError("d_model / n_heads (head_dim) must be 32 or 64 (vLLM CPU constraint)")
-        if (self.family == "addition") != (self.harness is None):
-            raise ValueError("a tool family's base is trained on its episodes under a harness: set harness for a "
-                             "family other than addition, and only then")
+        names = [r.family for r in self.families()]
+        if len(set(names)) < len(names):
+            raise ValueError(f"also: each family once (got {names}); put all of a family's levels in one part")
         if self.max_position_embeddings < seq_len(self.width):
             raise ValueError("max_position_embeddings shorter than one example")
         return self
 
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps over all families: the recipe's own and each ``also`` part's."""
+        return self.steps + sum(p.steps for p in self.also)
+
+    def families(self) -> tuple[BaseRecipe, ...]:
+        """One single-family recipe per family the base is pretrained on, the recipe's own first: each builds
+        and measures that family's batches as a base of that family alone would (``steps`` its share)."""
+        parts = [self.model_copy(update={**p.model_dump(), "also": ()}) for p in self.also]
+        return (self.model_copy(update={"also": ()}), *parts)
+
+    def trained_levels(self, family: str) -> tuple[int, ...]:
+        """The levels the base is pretrained on in ``family``; for a family it is not pretrained on (a lineage
+        may start from another family's base), the recipe's own ``train_levels``."""
+        return next((r.train_levels for r in self.families() if r.family == family), self.train_levels)
+
     def digest(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON of the recipe plus FORMAT_VERSION."""
         data = self.model_dump(mode="json")
-        if self.harness is None:  # fields added later: bases built before them keep their digest
+        # fields added later: bases built before them keep their digest
+        if self.harness is None:
             del data["family"], data["harness"], data["mistakes"]
+        if not self.also:
+            del data["also"]
         canon = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
 
@@ -326,12 +381,22 @@ def train_base(
         torch.set_num_threads(prev)
 
 
+def interleave(steps: Sequence[int]) -> list[int]:
+    """Which stream each global step trains on: the one furthest behind in the fraction of its own steps done
+    (ties: the earlier one), so each stream gets exactly its steps, spread evenly over the whole schedule."""
+    done = [0] * len(steps)
+    order = []
+    for _ in range(sum(steps)):
+        k = min((i for i, n in enumerate(steps) if done[i] < n), key=lambda i: Fraction(done[i], steps[i]))
+        done[k] += 1
+        order.append(k)
+    return order
+
+
 def _train_base(
     recipe: BaseRecipe, out_dir: Path, progress: Callable[[int, int, float], None] | None, eval_n: int
 ) -> dict[int, float]:
-    import numpy as np
     import torch
-    import torch.nn.functional as F
     from transformers import GenerationConfig
 
     from rsi.train import lr_at
@@ -347,26 +412,17 @@ def _train_base(
         [{"params": decay, "weight_decay": r.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=r.lr, betas=(r.beta1, r.beta2), eps=1e-8,
     )
-    w = r.width
-    p0 = 1 + 2 * w + 2  # index of first completion token
+    families = r.families()
+    streams = [_episode_batches(f) if f.family != "addition" else _pretraining_batches(f) for f in families]
+    schedule = r.model_copy(update={"steps": r.total_steps})  # one LR schedule over every family's steps
     t0 = time.perf_counter()
     loss_val = float("nan")
     tokens = 0
-    episodes = r.family != "addition"
-    for step, batch in enumerate(_episode_batches(r) if episodes else _pretraining_batches(r)):
+    for step, k in enumerate(interleave([f.steps for f in families])):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, r)
-        if episodes:
-            ids, labels = batch
-            logits = model(input_ids=ids[:, :-1]).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
-        else:
-            ids = torch.from_numpy(_encode_batch(*batch))
-            hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
-            logits = model.lm_head(hidden)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
-        tokens += ids.shape[0] * (ids.shape[1] - 1)
+            g["lr"] = lr_at(step, schedule)
+        loss, read = _batch_loss(model, next(streams[k]), families[k])
+        tokens += read
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if r.grad_clip > 0:
@@ -374,7 +430,7 @@ def _train_base(
         opt.step()
         loss_val = float(loss.detach())
         if progress is not None:
-            progress(step + 1, r.steps, loss_val)
+            progress(step + 1, r.total_steps, loss_val)
     train_s = time.perf_counter() - t0
     model.eval()
     tok = build_tokenizer()
@@ -389,14 +445,7 @@ def _train_base(
         tok.save_pretrained(tmp)
         _portable_tokenizer_config(tmp)
         t1 = time.perf_counter()
-        top = max(r.train_levels)
-        if episodes:
-            greedy, pass8 = _evaluate_episodes(tmp, r, eval_n)
-        else:
-            report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
-            greedy = _evaluate(model, r.width, report_levels, eval_n, seed=r.seed)
-            beyond = [lv for lv in (top + 1,) if lv <= r.width]
-            pass8 = _evaluate(model, r.width, beyond, eval_n, seed=r.seed, k=8, temperature=1.0)
+        (greedy, pass8), *parts = [_measure(model, tmp, f, eval_n) for f in families]
         acc = {lv: greedy[lv] for lv in r.train_levels}
         eval_s = time.perf_counter() - t1
         meta: dict[str, Any] = {
@@ -409,10 +458,11 @@ def _train_base(
             "eval_seconds": round(eval_s, 2),
             "train_tokens_per_s": round(tokens / train_s, 1),
             "build_seconds": round(time.perf_counter() - t_start, 2),
-            "greedy": {str(k): v for k, v in greedy.items()},
-            "pass_at_8": {str(k): v for k, v in pass8.items()},
+            **_scores(greedy, pass8),
             "eval_n": eval_n,
         }
+        if parts:
+            meta["also"] = [{"family": f.family, **_scores(*scores)} for f, scores in zip(families[1:], parts)]
         (tmp / RECIPE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
         for p in [tmp, *tmp.iterdir()]:  # mkdtemp makes 0700; others (e.g. a vLLM server) must read it
             p.chmod(0o755 if p.is_dir() else 0o644)
@@ -421,6 +471,44 @@ def _train_base(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return acc
+
+
+def _batch_loss(model: PreTrainedModel, batch: Any, r: BaseRecipe) -> tuple[torch.Tensor, int]:
+    """One batch's loss as its family trains, and the tokens read: a tool family's episodes with the loss on the
+    assistant turns (their labels), addition's fixed-width text with the loss on the answer positions only."""
+    import torch
+    import torch.nn.functional as F
+
+    if r.family != "addition":
+        ids, labels = batch
+        logits = model(input_ids=ids[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+    else:
+        p0 = 1 + 2 * r.width + 2  # index of first completion token
+        ids = torch.from_numpy(_encode_batch(*batch))
+        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
+        logits = model.lm_head(hidden)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
+    return loss, ids.shape[0] * (ids.shape[1] - 1)
+
+
+def _measure(model: PreTrainedModel, model_dir: Path, r: BaseRecipe,
+             n: int) -> tuple[dict[int, float], dict[int, float]]:
+    """A single-family recipe's greedy accuracy per level (trained levels and two above) and pass@8 one level
+    above, on held-out tasks, measured as its family is: a tool family's as episodes, addition's as text."""
+    if r.family != "addition":
+        return _evaluate_episodes(model_dir, r, n)
+    top = max(r.train_levels)
+    report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
+    greedy = _evaluate(model, r.width, report_levels, n, seed=r.seed)
+    beyond = [lv for lv in (top + 1,) if lv <= r.width]
+    return greedy, _evaluate(model, r.width, beyond, n, seed=r.seed, k=8, temperature=1.0)
+
+
+def _scores(greedy: dict[int, float], pass8: dict[int, float]) -> dict[str, dict[str, float]]:
+    """A family's measurements as rsi_recipe.json keeps them (levels as strings: JSON keys)."""
+    return {"greedy": {str(k): v for k, v in greedy.items()}, "pass_at_8": {str(k): v for k, v in pass8.items()}}
 
 
 def _evaluate_episodes(model_dir: Path, r: BaseRecipe, n: int) -> tuple[dict[int, float], dict[int, float]]:

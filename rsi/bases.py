@@ -3,7 +3,7 @@ directory, a GGUF file, or a file inside an installed Python package.
 
 Spellings (a relative path is taken relative to the harness folder):
 
-- ``builtin``: rsi's own small addition model (built and cached by ``rsi.basemodel``);
+- ``builtin``: rsi's own small model of the profile's base recipe (built and cached by ``rsi.basemodel``);
 - ``path/to/model_dir``: a directory written by ``save_pretrained`` (holds ``config.json``);
 - ``path/to/model.gguf``: a GGUF file;
 - ``package:<python package>/<file>``: a file shipped inside an installed package, e.g.

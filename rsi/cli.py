@@ -330,16 +330,21 @@ def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, 
     columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=out, transient=True) as bar:
-        job = bar.add_task("base", total=recipe.steps, loss=float("nan"))
+        job = bar.add_task("base", total=recipe.total_steps, loss=float("nan"))
         path = ensure_base(get_settings(), recipe, force=force,
                            progress=lambda step, total, loss: bar.update(job, completed=step, loss=loss))
     report = base_report(path)
-    table = Table("level", "greedy accuracy", "pass@8 (T=1.0)", "trained on", title=f"built-in base {path.name}")
-    for level, acc in sorted(report["greedy"].items(), key=lambda kv: int(kv[0])):
-        trained = "yes" if int(level) in recipe.train_levels else "no"
-        table.add_row(level, f"{acc:.3f}", f"{report['pass_at_8'][level]:.3f}" if level in report["pass_at_8"] else "",
-                      trained)
-    out.print(table)
+    # a joint base (base_recipe.also) measured each family: one table per family, titled by it
+    measured = [(recipe.family, recipe.train_levels, report),
+                *((p.family, p.train_levels, part) for p, part in zip(recipe.also, report.get("also", [])))]
+    for family, levels, scores in measured:
+        title = f"built-in base {path.name}" + (f": {family}" if recipe.also else "")
+        table = Table("level", "greedy accuracy", "pass@8 (T=1.0)", "trained on", title=title)
+        for level, acc in sorted(scores["greedy"].items(), key=lambda kv: int(kv[0])):
+            pass8 = scores["pass_at_8"]
+            table.add_row(level, f"{acc:.3f}", f"{pass8[level]:.3f}" if level in pass8 else "",
+                          "yes" if int(level) in levels else "no")
+        out.print(table)
     cached = " (cached)" if report.get("cached") else ""
     out.print(f"base model at {path}{cached}; trained in {report['train_seconds']:.0f} s, "
               f"built in {report['build_seconds']:.0f} s wall")

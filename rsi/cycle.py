@@ -94,6 +94,8 @@ class CycleConfig(BaseModel):
         return digest(self.model_dump(mode="json", exclude={"runner", "shards"}))
 
 
+_SORTING_BASE = {"family": "sorting", "harness": "sorting/v1", "train_levels": [1, 2], "level_weights": [1.0, 1.0],
+                 "mistakes": 0.35}
 PROFILES: dict[str, dict[str, Any]] = {
     # base seed 2: the base's climb depends on its seed (seed 0's lineage stalled at level 6 in the issue 8
     # session); `rsi base build` prints this base's per-level accuracy (level 4 greedy 0.84 when measured).
@@ -108,8 +110,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # expert errs and mends at times (else it learns to say "done" after two swaps, whatever the list); the
     # lineage climbs on its own audited episodes. No harness search: sorting has no harness proposer yet.
     "sorting": {"family": "sorting", "harness": "harness_versions/sorting/v1",
-                "base_recipe": {"family": "sorting", "harness": "sorting/v1", "train_levels": [1, 2],
-                                "level_weights": [1.0, 1.0], "mistakes": 0.35, "steps": 600, "warmup": 50, "lr": 2e-3},
+                "base_recipe": {**_SORTING_BASE, "steps": 600, "warmup": 50, "lr": 2e-3},
                 "curriculum": {"rule": "accelerated", "max_level": 12},
                 "harness_search": {"enabled": False},
                 "target_level": 8},
@@ -136,6 +137,16 @@ PROFILES: dict[str, dict[str, Any]] = {
         "generations": 2, "target_level": 6,
     },
 }
+
+# The two demo lineages on one frozen base, so `rsi serve` puts both champions on one engine (a Mixture-of-LoRA
+# over one base): the demo's base (its seed and optimizer: lr 1e-3, warmup 100, over the 1,500 + 600 steps) also
+# pretrained on sorting's expert episodes as the sorting profile's base is (its levels, weights, mistakes and 600
+# steps; not its lr 2e-3 and warmup 50: one schedule runs over both families). Each lineage keeps its own
+# profile's cycle settings; both resolve to the same base digest. Give them lineage names of their own
+# (`rsi run addition --profile mol-addition --lineage mol-addition`): the demo's lineages climb other bases.
+_JOINT_BASE = {**PROFILES["demo"]["base_recipe"], "also": [{**_SORTING_BASE, "steps": 600}]}
+PROFILES["mol-addition"] = {**PROFILES["demo"], "base_recipe": _JOINT_BASE}
+PROFILES["mol-sorting"] = {**PROFILES["sorting"], "base_recipe": _JOINT_BASE}
 
 
 def profile_for(profile: str | None, family: str | None = None) -> str:
@@ -430,6 +441,12 @@ class LineageRun:
         from rsi.basemodel import BaseRecipe
 
         return BaseRecipe(**self.config.base_recipe)
+
+    @property
+    def base_levels(self) -> tuple[int, ...]:
+        """The levels the base is pretrained on in this lineage's family (a joint base trains several families,
+        each at its own levels)."""
+        return self.recipe.trained_levels(self.config.family)
 
     @cached_property
     def base_dir(self) -> Path:

@@ -78,8 +78,8 @@ class Section(BaseModel):
 
 class ModelSource(Section):
     base: str = Field("builtin", description=(
-        "'builtin' (rsi's own small addition model), a local Hugging Face model directory holding a "
-        "config.json or a .gguf file (absolute or relative to the harness folder), or "
+        "'builtin' (rsi's own small model, built from the profile's base recipe), a local Hugging Face model "
+        "directory holding a config.json or a .gguf file (absolute or relative to the harness folder), or "
         "'package:<python package>/<file>', a file an installed package ships (rsi.bases)"))
     adapter: Literal["lineage", "none"] = Field("lineage", description=(
         "'lineage': the model runs with the lineage's champion adapter (none until a first candidate is "
