@@ -436,6 +436,43 @@ def test_concurrent_appends_to_one_conversation(db_url) -> None:
     store.dispose()
 
 
+def test_conversation_writer_commits_turns_together_and_alone_when_refused(db_url) -> None:
+    """Turns waiting together are committed in one transaction (appends to one conversation in order); a batch
+    with a turn the database refuses (a conversation id that exists) is written again turn by turn: that turn's
+    future fails, every other turn is stored."""
+    from sqlalchemy.exc import IntegrityError
+
+    from rsi.mol import state
+    from rsi.store import open_store
+
+    from sqlalchemy import event
+
+    store = open_store(db_url)
+    taken = state.new_conversation(store, "alice")
+    writer = state.ConversationWriter(store)
+    commits: list[int] = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    fresh = [state.new_conversation_id() for _ in range(3)]
+    with writer._ready:  # the writer thread waits until all are queued: one batch
+        started = [writer.start(c, "alice", [({"role": "user", "content": c}, None)]) for c in fresh]
+        appended = [writer.append(fresh[0], [({"role": "assistant", "content": f"re {k}"}, "addition")])
+                    for k in range(2)]
+    for future in started + appended:
+        assert future.result(timeout=30) is None
+    assert len(commits) == 1
+    with writer._ready:
+        appended.append(writer.append(fresh[0], [({"role": "assistant", "content": "re 2"}, "addition")]))
+        refused = writer.start(taken, "alice", [({"role": "user", "content": "again"}, None)])
+    assert appended[-1].result(timeout=30) is None
+    with pytest.raises(IntegrityError):
+        refused.result(timeout=30)
+    assert [m["content"] for m, _ in state.conversation_messages(store, fresh[0], "alice")] == [
+        fresh[0], "re 0", "re 1", "re 2"]
+    assert all(len(state.conversation_messages(store, c, "alice")) == 1 for c in fresh[1:])
+    assert state.conversation_messages(store, taken, "alice") == []
+    store.dispose()
+
+
 def test_rate_limits_are_shared_by_workers(db_url) -> None:
     """Two proxy workers (two connection pools on one state DB) draw from one bucket per key: a burst of 3 is
     3 requests in all, not 3 each, also when their requests race; another key has its own bucket."""

@@ -291,12 +291,13 @@ class Service:
     def __init__(self, config: ServeConfig, store: Any, home: Path) -> None:
         from rsi.mol.registry import Registry
         from rsi.mol.routers import load_router
-        from rsi.mol.state import RateLimits, Recent
+        from rsi.mol.state import ConversationWriter, RateLimits, Recent
 
         self.config, self.store, self.home = config, store, Path(home)
         self.registry = Registry(store, self.home)
         self.router = load_router(config.router, self.home)
         self.limits = RateLimits(store, config.rate, config.burst)
+        self.writer = ConversationWriter(store)
         self._recent = Recent(CACHE_S)
         self._backends: dict[Path, Any] = {}
         self._backends_lock = threading.Lock()  # concurrent first requests must not load a base twice
@@ -663,12 +664,6 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         future, finish = service.begin_answer(route, champions, messages, req, specialists)
         return conversation_id, continued, added, route, future, finish
 
-    def save(conversation_id: str, continued: bool, owner: str, turn: list) -> None:
-        if continued:
-            state.append_messages(store, conversation_id, turn)
-        else:
-            state.start_conversation(store, conversation_id, owner, turn)
-
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         clock = [time.perf_counter()]
@@ -695,7 +690,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
         # stored before the reply goes out: a client that has the reply finds it in the conversation
-        await run_in_threadpool(save, conversation_id, continued, owner, [(m, None) for m in added] + [(reply, who)])
+        turn = [(m, None) for m in added] + [(reply, who)]
+        await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
+                                  else service.writer.start(conversation_id, owner, turn))
         times["store"] = lap()
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)

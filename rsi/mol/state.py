@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -132,24 +133,45 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
         return [(r.message, r.specialist) for r in rows]
 
 
-def start_conversation(store: Store, conversation_id: str, owner: str,
-                       messages: list[tuple[dict[str, Any], str | None]]) -> None:
-    """A new conversation with its first messages, in one transaction (its first turn costs one write). Core
-    inserts, not ORM objects: this write is on every new conversation's reply path (``bench/serve.py``)."""
+Turn = list[tuple[dict[str, Any], str | None]]  # messages, each with the specialist that wrote it (or None)
+
+
+def _start(conn: Any, conversation_id: str, owner: str, messages: Turn) -> None:
+    """Insert a conversation and its first messages (Core inserts: on every new conversation's reply path)."""
     from sqlalchemy import insert
 
     from rsi.store.schema import ConversationMessageRow, ConversationRow, utcnow
 
     now = utcnow()
+    conn.execute(insert(ConversationRow.__table__), [{"id": conversation_id, "api_key": owner, "created_at": now}])
+    _insert_messages(conn, conversation_id, 0, messages, now)
+
+
+def _append(conn: Any, conversation_id: str, messages: Turn) -> None:
+    """Insert messages after the conversation's stored ones (positions read in the same transaction)."""
+    from rsi.store.schema import ConversationMessageRow as M, utcnow
+
+    start = conn.scalar(select(func.count()).select_from(M).where(M.conversation_id == conversation_id)) or 0
+    _insert_messages(conn, conversation_id, start, messages, utcnow())
+
+
+def _insert_messages(conn: Any, conversation_id: str, start: int, messages: Turn, now: Any) -> None:
+    from sqlalchemy import insert
+
+    from rsi.store.schema import ConversationMessageRow
+
+    conn.execute(insert(ConversationMessageRow.__table__),
+                 [{"conversation_id": conversation_id, "position": start + i, "message": message,
+                   "specialist": specialist, "created_at": now} for i, (message, specialist) in enumerate(messages)])
+
+
+def start_conversation(store: Store, conversation_id: str, owner: str, messages: Turn) -> None:
+    """A new conversation with its first messages, in one transaction (its first turn costs one write)."""
     with store.engine.begin() as conn:
-        conn.execute(insert(ConversationRow.__table__), [{"id": conversation_id, "api_key": owner, "created_at": now}])
-        conn.execute(insert(ConversationMessageRow.__table__),
-                     [{"conversation_id": conversation_id, "position": i, "message": message, "specialist": specialist,
-                       "created_at": now} for i, (message, specialist) in enumerate(messages)])
+        _start(conn, conversation_id, owner, messages)
 
 
-def append_messages(store: Store, conversation_id: str, messages: list[tuple[dict[str, Any], str | None]],
-                    attempts: int = 20) -> None:
+def append_messages(store: Store, conversation_id: str, messages: Turn, attempts: int = 20) -> None:
     """Append messages after the stored ones, in one transaction.
 
     Two writers appending to one conversation at once both read the same next position; the unique
@@ -157,21 +179,70 @@ def append_messages(store: Store, conversation_id: str, messages: list[tuple[dic
     then reads the positions again and retries: both turns are stored, one after the other."""
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from rsi.store.schema import ConversationMessageRow
-
     for attempt in range(attempts):
         try:
-            with store.session() as s:
-                start = s.scalar(select(func.count()).select_from(ConversationMessageRow)
-                                 .where(ConversationMessageRow.conversation_id == conversation_id)) or 0
-                for i, (message, specialist) in enumerate(messages):
-                    s.add(ConversationMessageRow(conversation_id=conversation_id, position=start + i, message=message,
-                                                 specialist=specialist))
+            with store.engine.begin() as conn:
+                _append(conn, conversation_id, messages)
             return
         except (IntegrityError, OperationalError):
             if attempt == attempts - 1:
                 raise
             time.sleep(random.uniform(0.001, 0.005) * (attempt + 1))
+
+
+class ConversationWriter:
+    """A proxy's conversation writes, committed together: one thread takes every turn waiting and writes them in
+    one transaction (group commit), so concurrent requests share a commit instead of queueing on the database's
+    write lock one commit each (``bench/serve.py``: the store stage at 32 clients). A request's future is done
+    once its turn is committed. A batch the database refuses (another worker appended to a conversation in it)
+    is written again one turn at a time, appends with ``append_messages``' retries."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._waiting: list[tuple[str, str, str | None, Turn, Future]] = []
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, name="rsi-conversation-writer", daemon=True).start()
+
+    def start(self, conversation_id: str, owner: str, messages: Turn) -> Future:
+        return self._put("start", conversation_id, owner, messages)
+
+    def append(self, conversation_id: str, messages: Turn) -> Future:
+        return self._put("append", conversation_id, None, messages)
+
+    def _put(self, kind: str, conversation_id: str, owner: str | None, messages: Turn) -> Future:
+        future: Future = Future()
+        with self._ready:
+            self._waiting.append((kind, conversation_id, owner, messages, future))
+            self._ready.notify()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting:
+                    self._ready.wait()
+                batch, self._waiting = self._waiting, []
+            try:
+                with self.store.engine.begin() as conn:
+                    for kind, conversation_id, owner, messages, _ in batch:
+                        if kind == "start":
+                            _start(conn, conversation_id, owner, messages)
+                        else:
+                            _append(conn, conversation_id, messages)
+            except Exception:  # each turn alone: one refused turn must not lose the others
+                for kind, conversation_id, owner, messages, future in batch:
+                    try:
+                        if kind == "start":
+                            start_conversation(self.store, conversation_id, owner, messages)
+                        else:
+                            append_messages(self.store, conversation_id, messages)
+                    except Exception as exc:
+                        future.set_exception(exc)
+                    else:
+                        future.set_result(None)
+            else:
+                for *_, future in batch:
+                    future.set_result(None)
 
 
 # ---- rate limits -----------------------------------------------------------------------------------------
