@@ -18,8 +18,9 @@ in the harness's format by running the plan, as its lineage was evaluated (``pos
 
 Rate limits are a token bucket per key in the state DB, shared by every worker (``rsi.mol.state.RateLimits``);
 key owners and champions are read from the DB at most every ``CACHE_S`` seconds, so a revoked key or a new
-champion takes effect within that. A new conversation is stored with its first turn in one transaction; turns
-appended to one conversation at once are stored one after the other (``append_messages`` retries).
+champion takes effect within that. A turn is stored before its reply goes out, by one writer thread that
+commits every turn waiting in one transaction (``rsi.mol.state.ConversationWriter``); turns appended to one
+conversation at once are stored one after the other (``append_messages`` retries across workers).
 
 Engines: ``hf`` (default) decodes in a process of its own per base model (``rsi.mol.process``: the decode loop
 does not wait on the proxy's interpreter lock), the specialists' adapters loaded by path into its adapter LRU,
