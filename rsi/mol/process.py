@@ -120,8 +120,13 @@ def _picklable(exc: BaseException) -> BaseException:
 
 
 def _child(conn: Any, kind: str, options: dict[str, Any]) -> None:
-    """The engine process: load the backend, then answer calls as the batcher finishes them."""
+    """The engine process: load the backend, then answer calls as the batcher finishes them. Ctrl-C in a
+    terminal reaches the whole process group: the proxy shuts down and closes the pipe, which ends this loop."""
+    import signal
+
     from rsi.backends import get_backend
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from rsi.mol.batching import Batcher
 
     try:
