@@ -377,18 +377,24 @@ def eval_cmd(
     wanted = parse_levels(levels)
     if split not in ("test", "heldout"):
         raise UserError(f"--split {split!r}: expected test or heldout (train tasks are what models learn from)")
-    harness = None
-    if lineage is not None:  # the champion pair: its adapter under its own harness, its family's profile
+    harness, spec, base_hash = None, {}, None
+    if lineage is not None:  # the champion pair: its adapter under its own harness, on the lineage's own base
         if adapter is not None:
             raise UserError("pass --adapter or --lineage, not both")
-        adapter, harness = champion_pair(lineage)
+        adapter, harness, spec, base_hash = champion_pair(lineage)
     elif harness_ref is not None:
         harness = load_harness(harness_ref)
     config = load_config(profile_for(profile, harness.document.family if harness else None))
+    if spec and profile is None:  # the lineage's recorded base and seed, not its family's profile's
+        config = config.model_copy(update={"base_recipe": spec.get("base_recipe", config.base_recipe),
+                                           "seed": spec.get("seed", config.seed)})
     harness = harness or load_harness(config.harness)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise UserError(f"--adapter {adapter}: no adapter_config.json there; pass a PEFT adapter directory")
     base = harness.base_model_dir(get_settings().home) or ensure_base(get_settings(), BaseRecipe(**config.base_recipe))
+    if base_hash is not None and model_hash(base) != base_hash:
+        raise UserError(f"lineage {lineage!r}: its champion was trained on another base than {base} (hash "
+                        f"{base_hash[:12]}); drop --profile, or rebuild that base with the lineage's profile")
     pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                 harness_id=harness.id, harness_hash=harness.hash)
     family = get_family(harness.document.family)
@@ -405,15 +411,16 @@ def eval_cmd(
     out.print(table)
 
 
-def champion_pair(lineage: str) -> tuple[Path, Any]:
-    """The adapter directory and the harness of a lineage's current champion, from the state DB."""
+def champion_pair(lineage: str) -> tuple[Path, Any, dict[str, Any], str]:
+    """The adapter directory, the harness, the lineage's recorded config and the base model hash of a lineage's
+    current champion, from the state DB."""
     from sqlalchemy import select
 
     from rsi.config import get_settings
     from rsi.errors import UserError
     from rsi.store import open_store
     from rsi.store.harnesses import stored_harness
-    from rsi.store.schema import Generation, PairRow
+    from rsi.store.schema import Generation, Lineage, PairRow
 
     store = open_store()
     try:
@@ -423,7 +430,8 @@ def champion_pair(lineage: str) -> tuple[Path, Any]:
             pair = s.get(PairRow, gen.candidate_pair_id) if gen else None
             if pair is None or not pair.adapter_uri:
                 raise UserError(f"lineage {lineage!r} has no promoted champion in the state DB; run `rsi run` first")
-            return Path(pair.adapter_uri), stored_harness(s, pair.harness_hash, get_settings().home)
+            return (Path(pair.adapter_uri), stored_harness(s, pair.harness_hash, get_settings().home),
+                    dict(s.get(Lineage, lineage).spec), pair.base_model_hash)
     finally:
         store.dispose()
 

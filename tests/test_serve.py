@@ -405,6 +405,15 @@ def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
         assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
 
 
+def test_eval_lineage_uses_the_lineage_base(served, rsi_home) -> None:
+    """`rsi eval --lineage` scores the champion on the base its lineage recorded (here the tiny profile's), not
+    on its family's default profile's base, which would be built for it and give another model's accuracy."""
+    bases = sorted(p.name for p in (rsi_home / "models").iterdir())
+    done = _rsi("eval", "--lineage", "addition", "--levels", "1-2", "--n", "8")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "addition/v2" in done.stdout and sorted(p.name for p in (rsi_home / "models").iterdir()) == bases
+
+
 def test_concurrent_appends_to_one_conversation(db_url) -> None:
     """Workers appending to one conversation at once all succeed: each turn is stored once, in some order, at
     positions 0..n-1 (the (conversation, position) conflict is retried, not a 500)."""
