@@ -6,8 +6,8 @@ request is a real chat completion: an addition question in the specialist's harn
 prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
 Two arms per engine and client count, measured in the same run:
 
-- ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (httpx, one
-  connection per client);
+- ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (one keep-alive
+  connection per client, the standard library's ``http.client``);
 - ``direct``, the baseline: the engine itself with the same prompts, sampling and adapter and the same number
   of client threads. For ``hf``, one ``HFBackend`` in this process behind the proxy's own dynamic batcher
   (``rsi.mol.batching``), per request the engine calls the proxy makes (``generate([prompt], ...)``, or the
@@ -35,6 +35,7 @@ creates an API key for the run (revoked at the end). Run:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import socket
@@ -165,27 +166,32 @@ def measure(engine: str, arm: str, send: Callable[[int, str], None], prompts: Se
                statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))])
 
 
-def http_clients(count: int, **headers: str) -> list:
-    import httpx
-
-    return [httpx.Client(headers=headers, timeout=120) for _ in range(count)]
-
-
 def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]]
                  ) -> Callable[[int, str], None]:
     """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error. Each
-    reply's ``Server-Timing`` (ms per stage in the proxy) is appended to ``stages``."""
-    pool = http_clients(clients, Authorization=f"Bearer {key}")
+    reply's ``Server-Timing`` (ms per stage in the proxy) is appended to ``stages``. Each client keeps one
+    HTTP/1.1 connection of the standard library's ``http.client``, a lean load generator (what a client library
+    spends per request is the client's, not the proxy's); a failed request closes it, the next one reconnects."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    pool = [http.client.HTTPConnection(host, int(port), timeout=120) for _ in range(clients)]
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def send(c: int, prompt: str) -> None:
-        r = pool[c].post(f"{url}/v1/chat/completions",
-                         json={"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]})
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-        if r.headers.get("x-rsi-specialist") != SPECIALIST:
-            raise RuntimeError(f"routed to {r.headers.get('x-rsi-specialist')!r}, not {SPECIALIST!r}")
+        body = json.dumps({"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]})
+        try:
+            pool[c].request("POST", "/v1/chat/completions", body=body, headers=headers)
+            r = pool[c].getresponse()
+            text = r.read()
+        except (OSError, http.client.HTTPException):
+            pool[c].close()
+            raise
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {text[:200]!r}")
+        if r.getheader("x-rsi-specialist") != SPECIALIST:
+            raise RuntimeError(f"routed to {r.getheader('x-rsi-specialist')!r}, not {SPECIALIST!r}")
+        json.loads(text)
         stages.append({name.strip(): float(dur) for name, _, dur in
-                       (part.partition(";dur=") for part in r.headers["server-timing"].split(","))})
+                       (part.partition(";dur=") for part in r.getheader("server-timing").split(","))})
 
     return send
 

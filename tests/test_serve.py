@@ -482,6 +482,46 @@ def test_conversation_writer_commits_turns_together_and_alone_when_refused(db_ur
     store.dispose()
 
 
+def test_batching_merges_calls_of_equal_settings_and_isolates_a_failing_one() -> None:
+    """``rsi.mol.batching``, which the engine process and ``Batcher`` both use, with a fake backend that records
+    its calls (the grouping logic, not a model): the oldest call and every later one of equal mode, adapter and
+    sampling go in one backend call, each getting its own rows back; a sampled call whose prompt is already in
+    the batch waits for the next one; a batch the backend refuses is decoded call by call, so only the bad call
+    fails."""
+    from rsi.backends.base import Completion, SamplingParams
+    from rsi.mol.batching import Call, decode, take
+
+    class RecordingBackend:  # a fake: the reply is the prompt reversed
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def generate(self, prompts, params, adapter=None):
+            self.calls.append(list(prompts))
+            if "bad" in prompts:
+                raise ValueError("cannot decode 'bad'")
+            return [[Completion(text=p[::-1], finish_reason="stop", prompt_tokens=1, completion_tokens=1)]
+                    for p in prompts]
+
+    greedy, sampled = SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, temperature=1.0)
+    waiting = [Call("generate", ["ab"], greedy, None), Call("generate", ["cd"], greedy, "lora"),
+               Call("generate", ["ef", "gh"], greedy, None), Call("chat", [[]], greedy, None),
+               Call("generate", ["ij"], sampled, None), Call("generate", ["ij"], sampled, None)]
+    batch, rest = take(waiting)
+    assert batch == [waiting[0], waiting[2]] and rest == [waiting[1], waiting[3], waiting[4], waiting[5]]
+    backend = RecordingBackend()
+    decode(backend, batch)
+    assert backend.calls == [["ab", "ef", "gh"]]
+    assert [[c.text for c in row] for row in waiting[2].result.result()] == [["fe"], ["hg"]]
+    assert take(rest[2:]) == ([waiting[4]], [waiting[5]])  # the same prompt sampled twice: two streams
+    calls = [Call("generate", [p], greedy, None) for p in ("xy", "bad", "zw")]
+    backend.calls.clear()
+    decode(backend, calls)
+    assert backend.calls == [["xy", "bad", "zw"], ["xy"], ["bad"], ["zw"]]
+    assert calls[0].result.result()[0][0].text == "yx" and calls[2].result.result()[0][0].text == "wz"
+    with pytest.raises(ValueError, match="'bad'"):
+        calls[1].result.result()
+
+
 def test_rate_limits_are_shared_by_workers(db_url) -> None:
     """Two proxy workers (two connection pools on one state DB) draw from one bucket per key: a burst of 3 is
     3 requests in all, not 3 each, also when their requests race; another key has its own bucket."""

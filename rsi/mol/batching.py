@@ -25,7 +25,7 @@ from rsi.models import Message
 
 
 @dataclass
-class _Call:
+class Call:
     mode: str  # "generate" or "chat"
     items: list[Any]  # prompts, or conversations
     params: SamplingParams
@@ -61,7 +61,7 @@ class Batcher(Submitter):
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self._waiting: list[_Call] = []
+        self._waiting: list[Call] = []
         self._ready = threading.Condition()
         threading.Thread(target=self._run, name="rsi-batcher", daemon=True).start()
 
@@ -69,7 +69,7 @@ class Batcher(Submitter):
                tools: Sequence[dict] = ()) -> Future:
         """Queue a call (``mode`` 'generate' with prompts, or 'chat' with conversations); its future holds the
         completions, or the backend's exception."""
-        call = _Call(mode, items, params, adapter, tools)
+        call = Call(mode, items, params, adapter, tools)
         with self._ready:
             self._waiting.append(call)
             self._ready.notify()
@@ -78,45 +78,55 @@ class Batcher(Submitter):
     def close(self) -> None:
         self.backend.close()
 
-    def _take(self) -> list[_Call]:
-        """The oldest waiting call and every later one that may share its backend call."""
+    def _take(self) -> list[Call]:
         with self._ready:
             while not self._waiting:
                 self._ready.wait()
-            first = self._waiting[0]
-            batch, seen, rest = [first], first.texts(), []
-            for call in self._waiting[1:]:
-                texts = call.texts()
-                if call.key() == first.key() and not (first.params.temperature > 0 and texts & seen):
-                    batch.append(call)
-                    seen |= texts
-                else:
-                    rest.append(call)
-            self._waiting = rest
+            batch, self._waiting = take(self._waiting)
             return batch
 
     def _run(self) -> None:
         while True:
-            batch = self._take()
-            try:
-                self._decode(batch)
-            except Exception as exc:  # one bad call must not fail the others: each alone, as if unbatched
-                if len(batch) == 1:
-                    batch[0].result.set_exception(exc)
-                    continue
-                for call in batch:
-                    try:
-                        self._decode([call])
-                    except Exception as alone:
-                        call.result.set_exception(alone)
+            decode(self.backend, self._take())
 
-    def _decode(self, batch: list[_Call]) -> None:
-        first, items = batch[0], [i for call in batch for i in call.items]
-        if first.mode == "chat":
-            out = self.backend.chat(items, first.tools, first.params, adapter=first.adapter)
+
+def take(waiting: list[Call]) -> tuple[list[Call], list[Call]]:
+    """(the oldest waiting call and every later one that may share its backend call, the calls left waiting)."""
+    first = waiting[0]
+    batch, seen, rest = [first], first.texts(), []
+    for call in waiting[1:]:
+        texts = call.texts()
+        if call.key() == first.key() and not (first.params.temperature > 0 and texts & seen):
+            batch.append(call)
+            seen |= texts
         else:
-            out = self.backend.generate(items, first.params, adapter=first.adapter)
-        start = 0
+            rest.append(call)
+    return batch, rest
+
+
+def decode(backend: Any, batch: list[Call]) -> None:
+    """One backend call for the batch, each call's future done when it returns; when it raises, each call alone
+    (one bad call must not fail the others), as if unbatched."""
+    try:
+        _decode(backend, batch)
+    except Exception as exc:
+        if len(batch) == 1:
+            batch[0].result.set_exception(exc)
+            return
         for call in batch:
-            call.result.set_result(out[start:start + len(call.items)])
-            start += len(call.items)
+            try:
+                _decode(backend, [call])
+            except Exception as alone:
+                call.result.set_exception(alone)
+
+
+def _decode(backend: Any, batch: list[Call]) -> None:
+    first, items = batch[0], [i for call in batch for i in call.items]
+    if first.mode == "chat":
+        out = backend.chat(items, first.tools, first.params, adapter=first.adapter)
+    else:
+        out = backend.generate(items, first.params, adapter=first.adapter)
+    start = 0
+    for call in batch:
+        call.result.set_result(out[start:start + len(call.items)])
+        start += len(call.items)

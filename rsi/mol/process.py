@@ -1,4 +1,4 @@
-"""The proxy's in-process engine moved to its own process: a backend behind a ``Batcher``, driven over a pipe.
+"""The proxy's in-process engine moved to its own process: a backend whose calls are batched, driven over a pipe.
 
 Why: the ``hf`` backend's decode loop is Python (a few-layer model spends its time between torch calls, not in
 them), so in the proxy's process it shares one interpreter lock with the HTTP, auth, routing and state-DB work
@@ -9,7 +9,8 @@ and engine core are split. ``bench/serve.py`` measures the proxy against the eng
 ``EngineProcess`` has the backend methods the proxy calls (``generate``, ``chat``, ``close``), and ``submit``
 for a caller that awaits a future instead of blocking a thread. Each call is pickled to the child with an id;
 a reader thread here hands the child's answers to their futures. The child batches concurrent calls exactly as
-the proxy's own batcher would (``rsi.mol.batching``). A child that dies fails the calls in flight and every
+the proxy's own batcher would (``rsi.mol.batching``), on its one thread: no hop from a reader thread to a
+decoding one. A child that dies fails the calls in flight and every
 later one with an error naming its exit code; the child exits when the pipe closes, so a killed proxy leaves
 no engine behind.
 """
@@ -120,36 +121,41 @@ def _picklable(exc: BaseException) -> BaseException:
 
 
 def _child(conn: Any, kind: str, options: dict[str, Any]) -> None:
-    """The engine process: load the backend, then answer calls as the batcher finishes them. Ctrl-C in a
-    terminal reaches the whole process group: the proxy shuts down and closes the pipe, which ends this loop."""
+    """The engine process, one thread: load the backend, then take every call the pipe holds, decode those that
+    may share a backend call together (``rsi.mol.batching.take``), send their answers, and again; calls sent
+    while a batch decodes wait in the pipe for the next. Ctrl-C in a terminal reaches the whole process group:
+    the proxy shuts down and closes the pipe, which ends this loop."""
     import signal
 
     from rsi.backends import get_backend
+    from rsi.mol.batching import Call, decode, take
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from rsi.mol.batching import Batcher
-
     try:
-        batcher = Batcher(get_backend(kind, **options))
+        backend = get_backend(kind, **options)
     except Exception as exc:
         conn.send((False, _picklable(exc)))
         return
     conn.send((True, None))
-    lock = threading.Lock()  # the batcher's thread and this one both send
-
-    def answer(call_id: int, future: Future) -> None:
-        exc = future.exception()
-        message = (call_id, True, future.result()) if exc is None else (call_id, False, _picklable(exc))
-        with lock:
-            conn.send(message)
-
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the proxy is gone
-            break
-        if message is None:
-            break
-        call_id, *call = message
-        batcher.submit(*call).add_done_callback(lambda future, call_id=call_id: answer(call_id, future))
-    batcher.close()
+    waiting: list[Call] = []
+    ids: dict[int, int] = {}  # id(call) -> the proxy's call id
+    try:
+        while True:
+            while not waiting or conn.poll():  # wait for a call when there is none; take every one sent
+                message = conn.recv()
+                if message is None:
+                    return
+                call_id, *fields = message
+                call = Call(*fields)
+                ids[id(call)] = call_id
+                waiting.append(call)
+            batch, waiting = take(waiting)
+            decode(backend, batch)
+            for call in batch:
+                exc = call.result.exception()
+                conn.send((ids.pop(id(call)), True, call.result.result()) if exc is None
+                          else (ids.pop(id(call)), False, _picklable(exc)))
+    except (EOFError, OSError):  # the proxy is gone
+        pass
+    finally:
+        backend.close()

@@ -26,8 +26,9 @@ Engines: ``hf`` (default) decodes in a process of its own per base model (``rsi.
 does not wait on the proxy's interpreter lock), the specialists' adapters loaded by path into its adapter LRU,
 concurrent requests with equal settings decoded in one batch (``rsi.mol.batching``); ``openai`` sends the same
 calls to rsi's vLLM engine with runtime LoRA (``rsi.engine``; one base only; not covered by the tests here: it
-needs the engine venv). The request handler holds a worker thread only for its state-DB and routing steps, not
-while its reply decodes.
+needs the engine venv). The request handler holds a worker thread only for its state-DB and routing steps, and
+only when one of them may wait (a stored conversation to read, champions to look up, a base to load, a router
+that runs a model); never while its reply decodes.
 Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
 """
 
@@ -317,6 +318,14 @@ class Service:
     def champions(self) -> dict[str, Any]:
         """The registry's champions (remembered for ``CACHE_S``: a promotion reaches the proxy within it)."""
         return self._recent.get("champions", self.registry.champions)
+
+    def warm(self) -> dict[str, Any] | None:
+        """The champions, when a turn can be routed and sent with them without waiting on anything (they are
+        remembered, every one's base is loaded, the router runs no model), else None."""
+        champions = self._recent.peek("champions")
+        ready = bool(champions) and not self.router.decodes and all(
+            c.base_dir in self._backends for c in champions.values())
+        return champions if ready else None
 
     def backend(self, base_dir: Path) -> Any:
         with self._backends_lock:
@@ -638,10 +647,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "rsi"}
                                            for m in service.model_ids(champions)]}
 
-    def begin(req: ChatRequest, owner: str, header_id: str | None) -> tuple:
-        """The state-DB and routing half of a request, on a worker thread: the conversation, the route, the
-        engine call sent."""
-        conversation_id = req.conversation_id or header_id
+    def begin(req: ChatRequest, owner: str, conversation_id: str | None, champions: dict[str, Any] | None = None
+              ) -> tuple:
+        """The state-DB and routing half of a request: the conversation, the route, the engine call sent."""
         continued = bool(conversation_id)
         sent = [stored_message(m) for m in req.messages]
         if continued:
@@ -659,7 +667,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         messages = [m for m, _ in history] + added
         specialists = [who for _, who in history] + [None] * len(added)
         started = time.perf_counter()
-        champions = service.champions()
+        champions = champions or service.champions()
         route = service.choose(req.model, messages, specialists, champions)
         routing_s.observe(time.perf_counter() - started)
         future, finish = service.begin_answer(route, champions, messages, req, specialists)
@@ -683,8 +691,13 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
         times = {"auth": lap()}
-        conversation_id, continued, added, route, future, finish = await run_in_threadpool(
-            begin, req, owner, request.headers.get(CONVERSATION_HEADER))
+        conversation_id = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
+        champions = None if conversation_id else service.warm()
+        if champions is not None:  # a new conversation, nothing to wait for: on the event loop, no thread hop
+            prepared = begin(req, owner, None, champions)
+        else:  # a stored conversation to read, a base to load, or a router that decodes: on a worker thread
+            prepared = await run_in_threadpool(begin, req, owner, conversation_id)
+        conversation_id, continued, added, route, future, finish = prepared
         times["prepare"] = lap()
         reply, finish_reason, prompt_tokens, completion_tokens = finish(await asyncio.wrap_future(future))
         times["engine"] = lap()

@@ -61,6 +61,7 @@ class Route(BaseModel):
 
 class Router(Protocol):
     kind: ClassVar[str]
+    decodes: ClassVar[bool]  # whether routing runs a model (the proxy then routes on a worker thread)
     names: tuple[str, ...]
 
     def fit(self, examples: Sequence[RoutingExample], champions: dict[str, Champion]) -> None: ...
@@ -184,6 +185,7 @@ class NGramRouter:
     """Multinomial naive Bayes on character n-gram counts; the posterior scaled by the known-n-gram share."""
 
     kind: ClassVar[str]
+    decodes: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.names: tuple[str, ...] = ()
@@ -233,6 +235,7 @@ class LoraRouter:
     log P(name | prompt) over the names (constrained choice), softmax as confidence."""
 
     kind: ClassVar[str]
+    decodes: ClassVar[bool] = True
     steps = 60
     batch_size = 16
 
