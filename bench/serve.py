@@ -171,20 +171,25 @@ def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]
     """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error. Each
     reply's ``Server-Timing`` (ms per stage in the proxy) is appended to ``stages``. Each client keeps one
     HTTP/1.1 connection of the standard library's ``http.client``, a lean load generator (what a client library
-    spends per request is the client's, not the proxy's); a failed request closes it, the next one reconnects."""
+    spends per request is the client's, not the proxy's); a request on a connection the server closed while it
+    was idle (between rounds) is sent once more on a new one."""
     host, _, port = url.removeprefix("http://").partition(":")
     pool = [http.client.HTTPConnection(host, int(port), timeout=120) for _ in range(clients)]
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def send(c: int, prompt: str) -> None:
         body = json.dumps({"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]})
-        try:
-            pool[c].request("POST", "/v1/chat/completions", body=body, headers=headers)
-            r = pool[c].getresponse()
-            text = r.read()
-        except (OSError, http.client.HTTPException):
-            pool[c].close()
-            raise
+        for attempt in (1, 2):  # a connection idle past the server's keep-alive is closed: once more, on a new one
+            try:
+                pool[c].request("POST", "/v1/chat/completions", body=body, headers=headers)
+                r = pool[c].getresponse()
+                text = r.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                pool[c].close()
+                stale = isinstance(exc, (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected))
+                if attempt == 2 or not stale:
+                    raise
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {text[:200]!r}")
         if r.getheader("x-rsi-specialist") != SPECIALIST:

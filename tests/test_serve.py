@@ -550,6 +550,37 @@ def test_rate_limits_are_shared_by_workers(db_url) -> None:
         s.dispose()
 
 
+def test_rate_limit_leases_are_renewed_off_the_request_path(db_url) -> None:
+    """A key in steady use at a leasing rate spends its worker's lease without the DB, and the lease is renewed
+    by the worker's renewal thread before it runs out: after the first request's lease, no request's thread
+    touches the DB; the DB bucket lost exactly the leased tokens."""
+    from sqlalchemy import event
+
+    from rsi.mol.state import RateLimits
+    from rsi.store import open_store
+    from rsi.store.schema import RateLimitRow
+
+    store = open_store(db_url)
+    limits = RateLimits(store, rate=1e-6, burst=1000)  # no refill during the test
+    limits.lease, limits.LEASE_S = 100, 3600.0  # leases of 100 tokens that do not expire here
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute",
+                 lambda *args: statements.append(threading.current_thread().name))
+    assert limits.take("alice") == 0.0
+    assert statements and "rsi-rate-lease" not in " ".join(statements)
+    first = len(statements)
+    for _ in range(300):
+        assert limits.take_leased("alice")  # never spent: renewed when three quarters spent
+        while limits._renewing:
+            time.sleep(0.001)
+    assert len(statements) > first and all(name.startswith("rsi-rate-lease") for name in statements[first:])
+    with store.session() as s:
+        left = s.get(RateLimitRow, "alice").tokens
+    renewals = round((1000 - 100 - left) / 100)
+    assert left == pytest.approx(1000 - 100 * (1 + renewals), abs=0.01) and renewals >= 3
+    store.dispose()
+
+
 def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None:
     """A chat-mode specialist reads its own turns and, for each run of turns another specialist (or the base)
     answered, one summary line before the next user message; never the other adapters' replies. No chat-mode

@@ -8,17 +8,20 @@ every proxy worker on the same DB shares them.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import secrets
 import threading
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
 from rsi.errors import UserError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from rsi.store import Store
@@ -255,22 +258,28 @@ class RateLimits:
 
     A worker takes up to ``LEASE_S`` seconds' worth of the rate at once and spends it locally (one DB write per
     lease, not per request, at high rates); what it has not spent within ``LEASE_S`` is dropped, so the workers
-    together never exceed the limit. At rates under 1/``LEASE_S`` per second every request asks the DB."""
+    together never exceed the limit (a worker may refuse a request while another holds unspent tokens: at most
+    one lease each). A lease three quarters spent or expired is renewed by a thread of its own while requests
+    go on spending it, so a key in steady use asks the DB once a lease, off its requests' path; the new lease
+    replaces what is left of the old (dropped, as at expiry). At rates under 2/``LEASE_S`` per second every
+    request asks the DB."""
 
-    LEASE_S = 0.1
+    LEASE_S = 1.0
 
     def __init__(self, store: Store, rate: float, burst: int) -> None:
         self.store, self.rate, self.burst = store, rate, burst
+        self.lease = max(1, min(burst, int(rate * self.LEASE_S)))  # tokens a worker takes at once
         self._leases: dict[str, tuple[float, int]] = {}  # key -> (lease expiry, tokens left in it)
+        self._renewing: set[str] = set()
         self._lock = threading.Lock()
+        self._renewer = ThreadPoolExecutor(1, thread_name_prefix="rsi-rate-lease")
 
     def take(self, key: str) -> float:
         """0.0 when a request may go now, else the seconds until one may."""
         if self.take_leased(key):
             return 0.0
-        want = max(1, min(self.burst, int(self.rate * self.LEASE_S)))
-        got, wait = self._take(key, want)
-        if not got and want > 1:
+        got, wait = self._take(key, self.lease)
+        if not got and self.lease > 1:
             got, wait = self._take(key, 1)
         if got > 1:
             with self._lock:
@@ -279,12 +288,31 @@ class RateLimits:
 
     def take_leased(self, key: str) -> bool:
         """Take a token from this worker's lease, without the DB; False when the lease is spent or expired."""
+        now = time.monotonic()
         with self._lock:
             expires, left = self._leases.get(key, (0.0, 0))
-            if left > 0 and time.monotonic() < expires:
-                self._leases[key] = (expires, left - 1)
-                return True
-        return False
+            if left <= 0 or now >= expires:
+                return False
+            self._leases[key] = (expires, left - 1)
+            renew = (key not in self._renewing
+                     and (left - 1 < self.lease / 4 or expires - now < self.LEASE_S / 4))
+            if renew:
+                self._renewing.add(key)
+        if renew:
+            self._renewer.submit(self._renew, key)
+        return True
+
+    def _renew(self, key: str) -> None:
+        try:
+            got, _ = self._take(key, self.lease)
+            if got:
+                with self._lock:
+                    self._leases[key] = (time.monotonic() + self.LEASE_S, got)
+        except Exception:  # the request path takes its own lease when this one is missing
+            log.exception("renewing the rate-limit lease of key %r", key)
+        finally:
+            with self._lock:
+                self._renewing.discard(key)
 
     def _take(self, key: str, n: int) -> tuple[int, float]:
         """(tokens taken from the DB bucket, n or 0; seconds until n are there)."""
