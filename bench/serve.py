@@ -1,7 +1,9 @@
 """Serving load: latency and requests/s of ``rsi serve`` against the engine it wraps, with 1, 8 and 32 clients.
 
-Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load; at least
-64 requests a round in all, so 1 client sends 64), and the two arms below alternate ``--rounds`` times at each client count, their latencies pooled; every
+Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
+two arms below alternate ``--rounds`` times at each client count, their latencies pooled, more rounds where
+fewer would make under 384 requests an arm (1 client: 48 rounds of 8 requests; this VM's speed drifts from one
+second to the next, and short rounds put the drift on both arms alike); every
 request is a real chat completion: an addition question in the specialist's harness format (one level, so the
 prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
 Two arms per engine and client count, measured in the same run:
@@ -55,7 +57,7 @@ from generation import machine_info, write_report
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
 SPECIALIST = "addition"
-MIN_ROUND = 64  # requests per round and arm at least, whatever the client count
+MIN_REQUESTS = 384  # requests per arm and client count at least: few clients run more rounds
 
 
 @dataclass
@@ -120,10 +122,10 @@ def questions(champion, level: int, count: int) -> list[str]:
 # ---- load ------------------------------------------------------------------------------------------------
 
 
-def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int, per_client: int
+def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int, per_client: int, first: int = 0
          ) -> tuple[list[float], list[str], float]:
-    """``clients`` threads, each sending ``per_client`` requests in a row: (latencies of the requests that
-    succeeded, errors of those that raised, wall seconds)."""
+    """``clients`` threads, each sending ``per_client`` requests in a row, the prompts from ``first`` on: (latencies
+    of the requests that succeeded, errors of those that raised, wall seconds)."""
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -132,7 +134,7 @@ def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
     def client(c: int) -> None:
         gate.wait()
         for k in range(per_client):
-            prompt = prompts[(c * per_client + k) % len(prompts)]
+            prompt = prompts[(first + c * per_client + k) % len(prompts)]
             started = time.perf_counter()
             try:
                 send(c, prompt)
@@ -156,7 +158,7 @@ def load(send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
 def measure(engine: str, arm: str, send: Callable[[int, str], None], prompts: Sequence[str], clients: int,
             per_client: int, rounds: list[tuple[list[float], list[str], float]]) -> Arm:
     """One more round of ``load`` into ``rounds``, and the arm over all its rounds so far."""
-    rounds.append(load(send, prompts, clients, per_client))
+    rounds.append(load(send, prompts, clients, per_client, len(rounds) * clients * per_client))
     latencies = [x for r in rounds for x in r[0]]
     errors = [e for r in rounds for e in r[1]]
     if rounds[-1][1]:
@@ -301,10 +303,10 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
         for n in clients:
             done: dict[str, list] = {"direct": [], "proxy": []}
             stages.clear()
-            each = max(per_client, -(-MIN_ROUND // n))  # few clients send more each: a p50 of enough requests
-            for _ in range(rounds):
-                direct_arm = measure(engine, "direct", send_direct, prompts, n, each, done["direct"])
-                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, each, done["proxy"])
+            # few clients run more rounds, not longer ones: the arms alternate every few seconds at most
+            for _ in range(max(rounds, -(-MIN_REQUESTS // (n * per_client)))):
+                direct_arm = measure(engine, "direct", send_direct, prompts, n, per_client, done["direct"])
+                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, per_client, done["proxy"])
             proxy_arm.server_ms = {k: statistics.median(t[k] for t in stages) for k in stages[0]} if stages else {}
             arms += [direct_arm, proxy_arm]
     return arms
@@ -350,9 +352,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="hf", help="comma-separated, of hf and vllm")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated concurrent client counts")
-    parser.add_argument("--per-client", type=int, default=8, help=f"requests each client sends per round (at least "
-                        f"{MIN_ROUND} per round in all)")
-    parser.add_argument("--rounds", type=int, default=6, help="times each arm runs, alternating, pooled")
+    parser.add_argument("--per-client", type=int, default=8, help="requests each client sends per round")
+    parser.add_argument("--rounds", type=int, default=6, help=f"times each arm runs, alternating, pooled (more "
+                        f"where fewer would make under {MIN_REQUESTS} requests)")
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -361,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     clients = [int(c) for c in args.clients.split(",")]
     store, champion, key_name, key = prepare()
-    prompts = questions(champion, args.level, max(max(clients) * args.per_client, MIN_ROUND))
+    prompts = questions(champion, args.level, max(max(clients) * args.per_client, 64))
     arms: list[Arm] = []
     try:
         for engine in args.engines.split(","):

@@ -305,7 +305,12 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
         for i in range(3):  # made-up paths share one metric series
             assert httpx.get(f"{url}/nope{i}").status_code == 404
+        wrong_method = httpx.get(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"})
+        assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "405"
         metrics = httpx.get(f"{url}/metrics").text
+        counted = {line.split('status="')[1][:3]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith('rsi_serve_requests_total{path="/v1/chat/completions"')}
+        assert counted["413"] >= 1 and counted["401"] >= 1 and counted["400"] >= 7 and counted["200"] >= 3, counted
         assert 'rsi_serve_routed_turns_total{router="ngram",specialist="addition"} 3.0' in metrics
         assert 'rsi_serve_requests_total{path="other",status="404"} 3.0' in metrics and "/nope" not in metrics
         with pytest.raises(openai.RateLimitError) as limited:  # the burst is spent, and it refills at 0.01/s

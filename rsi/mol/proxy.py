@@ -509,7 +509,8 @@ def _plain(out: Any) -> tuple[dict[str, Any], str, int, int]:
 
 
 def create_app(config: ServeConfig | None = None, store: Any = None, home: Path | None = None):
-    """The FastAPI app; with no arguments (a uvicorn worker) its config comes from ``RSI_SERVE_CONFIG``."""
+    """The ASGI app (FastAPI, its chat route called directly: ``Proxy``); with no arguments (a uvicorn worker) its
+    config comes from ``RSI_SERVE_CONFIG``."""
     from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
@@ -572,10 +573,34 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return unexpected(exc)
 
+    async def guarded(scope: dict, receive: Any, send: Any, inner: Any, route: str | None = None) -> None:
+        """Refuse an oversized body before reading it; count the response by its route (a made-up path is
+        'other', so the metric's series stay bounded), 500s included."""
+        size = dict(scope["headers"]).get(b"content-length", b"0")
+        status, started = 500, False
+
+        async def sending(message: dict) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status, started = message["status"], True
+            await send(message)
+
+        if not size.isdigit() or int(size) > MAX_BODY_BYTES:
+            status = 413
+            await error(ApiError(413, f"request body over {MAX_BODY_BYTES} bytes (or no valid Content-Length); "
+                                 "send fewer or shorter messages", code="request_too_large"))(scope, receive, send)
+        else:
+            try:
+                await inner(scope, receive, sending)
+            except Exception as exc:  # raised past the handlers: still an OpenAI-style 500, and counted
+                if started:
+                    raise
+                await unexpected(exc)(scope, receive, send)
+        requests.labels(route or getattr(scope.get("route"), "path", "other"), str(status)).inc()
+
     class Guard:
-        """Refuse an oversized body before reading it; count every response by its route (a made-up path is
-        'other', so the metric's series stay bounded), 500s included. Plain ASGI, not ``@app.middleware``:
-        Starlette's request/response middleware costs each request a task and a stream (``bench/serve.py``)."""
+        """``guarded`` as FastAPI's middleware, for the routes FastAPI serves. Plain ASGI, not
+        ``@app.middleware``: Starlette's request/response middleware costs each request a task and a stream."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
@@ -583,29 +608,33 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
                 return await self.app(scope, receive, send)
-            size = dict(scope["headers"]).get(b"content-length", b"0")
-            status, started = 500, False
-
-            async def sending(message: dict) -> None:
-                nonlocal status, started
-                if message["type"] == "http.response.start":
-                    status, started = message["status"], True
-                await send(message)
-
-            if not size.isdigit() or int(size) > MAX_BODY_BYTES:
-                status = 413
-                await error(ApiError(413, f"request body over {MAX_BODY_BYTES} bytes (or no valid Content-Length); "
-                                     "send fewer or shorter messages", code="request_too_large"))(scope, receive, send)
-            else:
-                try:
-                    await self.app(scope, receive, sending)
-                except Exception as exc:  # raised past the handlers: still an OpenAI-style 500, and counted
-                    if started:
-                        raise
-                    await unexpected(exc)(scope, receive, send)
-            requests.labels(getattr(scope.get("route"), "path", "other"), str(status)).inc()
+            await guarded(scope, receive, send, self.app)
 
     app.add_middleware(Guard)
+
+    async def chat_endpoint(scope: dict, receive: Any, send: Any) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await chat_completions(request)
+        except ApiError as exc:
+            response = error(exc)
+        except UserError as exc:
+            response = await _user(request, exc)
+        await response(scope, receive, send)
+
+    class Proxy:
+        """The app uvicorn runs: ``POST /v1/chat/completions`` straight to its handler, everything else through
+        FastAPI. FastAPI's middleware, routing and dependency layers are CPU time on every request's path, and at
+        one client what the proxy adds to the engine's latency is its CPU time (``bench/serve.py``)."""
+
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+                await guarded(scope, receive, send, chat_endpoint, "/v1/chat/completions")
+            else:
+                await self.app(scope, receive, send)
 
     def bearer(request: Request) -> str:
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -730,7 +759,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                 "usage": usage, "conversation_id": conversation_id, "rsi": info}
         return JSONResponse(body, headers=headers)
 
-    return app
+    return Proxy(app)
 
 
 def _sync_at_checkpoints(store: Any) -> None:
