@@ -2,25 +2,26 @@
 
 Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
 two arms below alternate ``--rounds`` times at each client count, their latencies pooled, more rounds where
-fewer would make under 384 requests an arm (1 client: 48 rounds of 8 requests; this VM's speed drifts from one
+fewer would make under 768 requests an arm (1 client: 96 rounds of 8 requests; this VM's speed drifts from one
 second to the next, and short rounds put the drift on both arms alike); every
 request is a real chat completion: an addition question in the specialist's harness format (one level, so the
 prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngram router to the specialist.
-Two arms per engine and client count, measured in the same run:
+The arms per engine and client count, measured in the same run, taking turns:
 
 - ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (one keep-alive
   connection per client, the standard library's ``http.client``);
-- ``direct``, the baseline: the engine itself with the same prompts, sampling and adapter and the same number
-  of client threads. For ``hf``, one ``HFBackend`` in this process behind the proxy's own dynamic batcher
-  (``rsi.mol.batching``), per request the engine calls the proxy makes (``generate([prompt], ...)``, or the
-  plan's calls when the champion's harness has a plan: ``rsi.mol.proxy.plan_answer``), so the ratio is what
-  the proxy adds (HTTP, auth, rate limit, routing, conversation writes, the engine in another process), not
-  what batching gives;
-  for ``vllm`` (the proxy with ``--engine openai``), the same calls to the vLLM server's own ``/v1/completions``
-  over HTTP, from this process.
+- ``direct``, the baseline: the engine as the proxy runs it, called without the proxy, with the same prompts,
+  sampling and adapter and the same number of client threads: per request the engine calls the proxy makes
+  (``generate([prompt], ...)``, or the plan's calls when the champion's harness has a plan:
+  ``rsi.mol.proxy.plan_answer``). For ``hf``, the ``HFBackend`` in a process of its own behind the dynamic
+  batcher (``rsi.mol.process.EngineProcess``, as ``rsi serve`` starts it), so proxy/direct is what the proxy
+  adds (HTTP, auth, rate limit, routing, conversation writes), not what batching gives; for ``vllm`` (the proxy
+  with ``--engine openai``), the same calls to the vLLM server's own ``/v1/completions`` over HTTP;
+- ``inprocess`` (``hf`` only): the ``HFBackend`` behind the same batcher in this process, no process boundary;
+  proxy/inprocess adds the engine process's pipe hop and its sharing of the cores with the proxy.
 
 It prints p50/p99 latency, requests/s and errors per arm, the proxy's own median time per stage (its replies'
-``Server-Timing``: auth, prepare, engine, store), and the proxy over direct ratios (p50, p99 latency;
+``Server-Timing``: auth, prepare, engine, store), and the proxy over baseline ratios (p50, p99 latency;
 requests/s), and writes them to ``bench/results/serve.json``. The acceptance bound: no errors at 32 clients
 and proxy p50 <= 1.15x direct p50.
 
@@ -48,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,7 +58,7 @@ from generation import machine_info, write_report
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
 SPECIALIST = "addition"
-MIN_REQUESTS = 384  # requests per arm and client count at least: few clients run more rounds
+MIN_REQUESTS = 768  # requests per arm and client count at least: few clients run more rounds
 
 
 @dataclass
@@ -235,7 +236,7 @@ def proxy(engine: str) -> Iterator[str]:
         proc.wait(30)
 
 
-# ---- engines: the direct arm ------------------------------------------------------------------------------
+# ---- engines: the baseline arms ------------------------------------------------------------------------------
 
 
 def engine_sender(champion, backend, params) -> Callable[[int, str], None]:
@@ -258,7 +259,20 @@ def engine_sender(champion, backend, params) -> Callable[[int, str], None]:
 
 @contextmanager
 def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
-    """One ``HFBackend`` in this process behind the proxy's own dynamic batcher."""
+    """The engine as ``rsi serve`` runs it: an ``HFBackend`` in a process of its own behind the dynamic batcher
+    (``rsi.mol.process.EngineProcess``), driven from this process."""
+    from rsi.mol.process import EngineProcess
+
+    backend = EngineProcess("hf", model_dir=champion.base_dir)
+    try:
+        yield engine_sender(champion, backend, params)
+    finally:
+        backend.close()
+
+
+@contextmanager
+def inprocess_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
+    """One ``HFBackend`` in this process behind the same batcher: no process boundary at all."""
     from rsi.backends.hf import HFBackend
     from rsi.mol.batching import Batcher
 
@@ -289,26 +303,28 @@ def direct_vllm(champion, params) -> Iterator[Callable[[int, str], None]]:
 
 def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int,
                rounds: int) -> list[Arm]:
-    """Both arms at each client count, alternating ``rounds`` times (the machine's other load drifts)."""
+    """Every arm at each client count, in turn, ``rounds`` times or more (the machine's speed drifts)."""
     from rsi.mol.proxy import specialist_params
 
     params = specialist_params(champion.harness, None)
-    direct = direct_hf(champion, params) if engine == "hf" else direct_vllm(champion, params)
+    baselines = ({"direct": direct_hf, "inprocess": inprocess_hf} if engine == "hf" else {"direct": direct_vllm})
     arms = []
-    with direct as send_direct, proxy("hf" if engine == "hf" else "openai") as url:
+    with ExitStack() as stack:
+        senders = {name: stack.enter_context(make(champion, params)) for name, make in baselines.items()}
+        url = stack.enter_context(proxy("hf" if engine == "hf" else "openai"))
         stages: list[dict[str, float]] = []
-        send_proxy = proxy_sender(url, key, max(clients), stages)
-        for send in (send_direct, send_proxy):  # warm-up: adapters loaded, first-call costs paid
+        senders["proxy"] = proxy_sender(url, key, max(clients), stages)
+        for send in senders.values():  # warm-up: adapters loaded, first-call costs paid
             load(send, prompts, 4, 2)
         for n in clients:
-            done: dict[str, list] = {"direct": [], "proxy": []}
+            done: dict[str, list] = {name: [] for name in senders}
             stages.clear()
-            # few clients run more rounds, not longer ones: the arms alternate every few seconds at most
+            # few clients run more rounds, not longer ones: the arms take turns every few seconds at most
             for _ in range(max(rounds, -(-MIN_REQUESTS // (n * per_client)))):
-                direct_arm = measure(engine, "direct", send_direct, prompts, n, per_client, done["direct"])
-                proxy_arm = measure(engine, "proxy", send_proxy, prompts, n, per_client, done["proxy"])
-            proxy_arm.server_ms = {k: statistics.median(t[k] for t in stages) for k in stages[0]} if stages else {}
-            arms += [direct_arm, proxy_arm]
+                last = {name: measure(engine, name, send, prompts, n, per_client, done[name])
+                        for name, send in senders.items()}
+            last["proxy"].server_ms = {k: statistics.median(t[k] for t in stages) for k in stages[0]} if stages else {}
+            arms += last.values()
     return arms
 
 
@@ -316,14 +332,16 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
 
 
 def ratios(arms: list[Arm]) -> list[dict]:
-    """Proxy over direct per engine and client count: p50 and p99 latency, requests/s."""
+    """Proxy over each baseline arm per engine and client count: p50 and p99 latency, requests/s."""
     by = {(a.engine, a.arm, a.clients): a for a in arms}
     out = []
     for (engine, arm, n), p in by.items():
-        d = by.get((engine, "direct", n))
-        if arm == "proxy" and d is not None:
-            out.append({"engine": engine, "clients": n, "p50": p.p50_ms / d.p50_ms, "p99": p.p99_ms / d.p99_ms,
-                        "requests_per_s": p.requests_per_s / d.requests_per_s, "proxy_errors": p.errors})
+        if arm != "proxy":
+            continue
+        for d in (a for a in arms if a.engine == engine and a.clients == n and a.arm != "proxy"):
+            out.append({"engine": engine, "clients": n, "baseline": d.arm, "p50": p.p50_ms / d.p50_ms,
+                        "p99": p.p99_ms / d.p99_ms, "requests_per_s": p.requests_per_s / d.requests_per_s,
+                        "proxy_errors": p.errors})
     return out
 
 
@@ -342,10 +360,11 @@ def print_table(arms: list[Arm], rows: list[dict]) -> None:
         for a in stages:
             print(f"| {a.engine} | {a.clients} | " + " | ".join(f"{a.server_ms[n]:.2f}" for n in names) + " |")
         print()
-    print("| engine | clients | proxy/direct p50 | p99 | req/s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| engine | clients | proxy over | p50 | p99 | req/s |")
+    print("|---|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['engine']} | {r['clients']} | {r['p50']:.2f}x | {r['p99']:.2f}x | {r['requests_per_s']:.2f}x |")
+        print(f"| {r['engine']} | {r['clients']} | {r['baseline']} | {r['p50']:.2f}x | {r['p99']:.2f}x "
+              f"| {r['requests_per_s']:.2f}x |")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -378,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                        "base": str(champion.base_dir)},
         "level": args.level, "per_client": args.per_client, "rounds": args.rounds,
         "arms": [asdict(a) | {"requests_per_s": a.requests_per_s} for a in arms],
-        "proxy_over_direct": rows,
+        "proxy_over": rows,
         "machine": machine_info(None),
     }
     write_report(args.out, report)

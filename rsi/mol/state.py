@@ -256,21 +256,24 @@ class RateLimits:
     ``burst`` requests at once, refilled at ``rate`` per second. Taking tokens is one UPDATE that refills and
     takes only when enough tokens are there, atomic in SQLite and PostgreSQL alike.
 
-    A worker takes up to ``LEASE_S`` seconds' worth of the rate at once and spends it locally (one DB write per
-    lease, not per request, at high rates); what it has not spent within ``LEASE_S`` is dropped, so the workers
+    A worker takes up to ``LEASE_S`` seconds' worth of the rate (at most half the burst) at once and spends it
+    locally (one DB write per lease, not per request, at high rates); what it has not spent within ``LEASE_S`` is dropped, so the workers
     together never exceed the limit (a worker may refuse a request while another holds unspent tokens: at most
     one lease each). A lease three quarters spent or expired is renewed by a thread of its own while requests
     go on spending it, so a key in steady use asks the DB once a lease, off its requests' path; the new lease
-    replaces what is left of the old (dropped, as at expiry). At rates under 2/``LEASE_S`` per second every
-    request asks the DB."""
+    replaces what is left of the old (dropped, as at expiry); a renewal that finds the bucket short of a lease is
+    not tried again before the bucket can have one. At rates under 2/``LEASE_S`` per second (or a burst under 4)
+    every request asks the DB."""
 
     LEASE_S = 1.0
 
     def __init__(self, store: Store, rate: float, burst: int) -> None:
         self.store, self.rate, self.burst = store, rate, burst
-        self.lease = max(1, min(burst, int(rate * self.LEASE_S)))  # tokens a worker takes at once
+        # tokens a worker takes at once: at most half the bucket, so a renewal finds them while a lease lasts
+        self.lease = max(1, min(burst // 2, int(rate * self.LEASE_S)))
         self._leases: dict[str, tuple[float, int]] = {}  # key -> (lease expiry, tokens left in it)
         self._renewing: set[str] = set()
+        self._renew_after: dict[str, float] = {}  # key -> when a renewal may find a lease's tokens in the bucket
         self._lock = threading.Lock()
         self._renewer = ThreadPoolExecutor(1, thread_name_prefix="rsi-rate-lease")
 
@@ -294,7 +297,7 @@ class RateLimits:
             if left <= 0 or now >= expires:
                 return False
             self._leases[key] = (expires, left - 1)
-            renew = (key not in self._renewing
+            renew = (key not in self._renewing and now >= self._renew_after.get(key, 0.0)
                      and (left - 1 < self.lease / 4 or expires - now < self.LEASE_S / 4))
             if renew:
                 self._renewing.add(key)
@@ -304,10 +307,12 @@ class RateLimits:
 
     def _renew(self, key: str) -> None:
         try:
-            got, _ = self._take(key, self.lease)
-            if got:
-                with self._lock:
+            got, wait = self._take(key, self.lease)
+            with self._lock:
+                if got:
                     self._leases[key] = (time.monotonic() + self.LEASE_S, got)
+                else:  # the bucket is short of a lease: not again before it can have one
+                    self._renew_after[key] = time.monotonic() + wait
         except Exception:  # the request path takes its own lease when this one is missing
             log.exception("renewing the rate-limit lease of key %r", key)
         finally:
