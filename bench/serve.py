@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from generation import machine_info, write_report
@@ -258,25 +259,15 @@ def engine_sender(champion, backend, params) -> Callable[[int, str], None]:
 
 
 @contextmanager
-def direct_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
+def direct_hf(champion, params, inprocess: bool = False) -> Iterator[Callable[[int, str], None]]:
     """The engine as ``rsi serve`` runs it: an ``HFBackend`` in a process of its own behind the dynamic batcher
-    (``rsi.mol.process.EngineProcess``), driven from this process."""
-    from rsi.mol.process import EngineProcess
-
-    backend = EngineProcess("hf", model_dir=champion.base_dir)
-    try:
-        yield engine_sender(champion, backend, params)
-    finally:
-        backend.close()
-
-
-@contextmanager
-def inprocess_hf(champion, params) -> Iterator[Callable[[int, str], None]]:
-    """One ``HFBackend`` in this process behind the same batcher: no process boundary at all."""
+    (``rsi.mol.process.EngineProcess``), driven from this process; ``inprocess``: the ``HFBackend`` behind the
+    same batcher in this process, no process boundary at all."""
     from rsi.backends.hf import HFBackend
     from rsi.mol.batching import Batcher
+    from rsi.mol.process import EngineProcess
 
-    backend = Batcher(HFBackend(champion.base_dir))
+    backend = Batcher(HFBackend(champion.base_dir)) if inprocess else EngineProcess("hf", model_dir=champion.base_dir)
     try:
         yield engine_sender(champion, backend, params)
     finally:
@@ -307,7 +298,8 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
     from rsi.mol.proxy import specialist_params
 
     params = specialist_params(champion.harness, None)
-    baselines = ({"direct": direct_hf, "inprocess": inprocess_hf} if engine == "hf" else {"direct": direct_vllm})
+    baselines = ({"direct": direct_hf, "inprocess": partial(direct_hf, inprocess=True)} if engine == "hf"
+                 else {"direct": direct_vllm})
     arms = []
     with ExitStack() as stack:
         senders = {name: stack.enter_context(make(champion, params)) for name, make in baselines.items()}
