@@ -623,9 +623,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         await response(scope, receive, send)
 
     class Proxy:
-        """The app uvicorn runs: ``POST /v1/chat/completions`` straight to its handler, everything else through
-        FastAPI. FastAPI's middleware, routing and dependency layers are CPU time on every request's path, and at
-        one client what the proxy adds to the engine's latency is its CPU time (``bench/serve.py``)."""
+        """The app uvicorn runs: ``POST /v1/chat/completions`` straight to its handler (its errors answered by the
+        same handlers), everything else through FastAPI, whose middleware, routing and dependency layers would
+        otherwise run on every chat request's path, between the engine's reply and the client."""
 
         def __init__(self, app: Any) -> None:
             self.app = app
