@@ -590,7 +590,37 @@ def test_rate_limit_leases_are_renewed_off_the_request_path(db_url) -> None:
         spent += 1
         while limits._renewing:
             time.sleep(0.001)
-    assert spent <= 1000 and len(updates) - before <= 1000 // 100 - 1 - renewals + 1  # no retry on every request
+    assert spent == 1000  # every token taken from the bucket was spent: none dropped at a renewal
+    assert len(updates) - before <= 1000 // 100 - 1 - renewals + 1  # a short bucket is not asked on every request
+    store.dispose()
+
+
+def test_a_burst_of_first_requests_gets_the_whole_burst(db_url) -> None:
+    """With leases of 5 and a burst of 20 (a rate of 5/s leases 5), 16 requests of one key arriving at once each
+    find no lease and go to the DB; the leases they take are pooled, not overwritten, so all 16 go through, then
+    the 4 tokens left, and the next request waits for the refill."""
+    from rsi.mol.state import RateLimits
+    from rsi.store import open_store
+
+    store = open_store(db_url)
+    assert RateLimits(store, rate=5.0, burst=20).lease == 5
+    limits = RateLimits(store, rate=1e-6, burst=20)  # no refill during the test
+    limits.lease = 5
+    barrier = threading.Barrier(16)
+    granted: list[bool] = []
+
+    def request() -> None:
+        barrier.wait()
+        granted.append(limits.take("alice") == 0.0)
+
+    threads = [threading.Thread(target=request) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert granted == [True] * 16
+    assert [limits.take("alice") == 0.0 for _ in range(4)] == [True] * 4
+    assert limits.take("alice") > 0  # the burst is spent
     store.dispose()
 
 

@@ -257,12 +257,12 @@ class RateLimits:
     takes only when enough tokens are there, atomic in SQLite and PostgreSQL alike.
 
     A worker takes up to ``LEASE_S`` seconds' worth of the rate (at most half the burst) at once and spends it
-    locally (one DB write per lease, not per request, at high rates); what it has not spent within ``LEASE_S`` is dropped, so the workers
+    locally (one DB write per lease, not per request, at high rates); what it has not spent when the lease expires is dropped, so the workers
     together never exceed the limit (a worker may refuse a request while another holds unspent tokens: at most
     one lease each). A lease three quarters spent or expired is renewed by a thread of its own while requests
-    go on spending it, so a key in steady use asks the DB once a lease, off its requests' path; the new lease
-    replaces what is left of the old (dropped, as at expiry); a renewal that finds the bucket short of a lease is
-    not tried again before the bucket can have one. At rates under 2/``LEASE_S`` per second (or a burst under 4)
+    go on spending it, so a key in steady use asks the DB once a lease, off its requests' path; what is left of
+    the old lease goes into the new one, as do the leases of concurrent first requests (a burst gets every token
+    it took); a renewal that finds the bucket short of a lease is not tried again before the bucket can have one. At rates under 2/``LEASE_S`` per second (or a burst under 4)
     every request asks the DB."""
 
     LEASE_S = 1.0
@@ -285,9 +285,18 @@ class RateLimits:
         if not got and self.lease > 1:
             got, wait = self._take(key, 1)
         if got > 1:
-            with self._lock:
-                self._leases[key] = (time.monotonic() + self.LEASE_S, got - 1)
+            self._add_lease(key, got - 1)
+        if not got and self.take_leased(key):  # a concurrent request of this worker leased the last tokens
+            return 0.0
         return 0.0 if got else wait
+
+    def _add_lease(self, key: str, tokens: int) -> None:
+        """A new lease of ``tokens``, plus what is left of the current one (a token taken is never dropped
+        while its lease lasts: concurrent first requests each lease, and a renewal lands on an unspent lease)."""
+        now = time.monotonic()
+        with self._lock:
+            expires, left = self._leases.get(key, (0.0, 0))
+            self._leases[key] = (now + self.LEASE_S, tokens + (left if now < expires else 0))
 
     def take_leased(self, key: str) -> bool:
         """Take a token from this worker's lease, without the DB; False when the lease is spent or expired."""
@@ -308,10 +317,10 @@ class RateLimits:
     def _renew(self, key: str) -> None:
         try:
             got, wait = self._take(key, self.lease)
-            with self._lock:
-                if got:
-                    self._leases[key] = (time.monotonic() + self.LEASE_S, got)
-                else:  # the bucket is short of a lease: not again before it can have one
+            if got:
+                self._add_lease(key, got)
+            else:  # the bucket is short of a lease: not again before it can have one
+                with self._lock:
                     self._renew_after[key] = time.monotonic() + wait
         except Exception:  # the request path takes its own lease when this one is missing
             log.exception("renewing the rate-limit lease of key %r", key)
