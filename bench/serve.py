@@ -1,7 +1,7 @@
 """Serving load: latency and requests/s of ``rsi serve`` against the engine it wraps, with 1, 8 and 32 clients.
 
 Each client is a thread that sends ``--per-client`` requests one after another (bounded loopback load), and the
-two arms below alternate ``--rounds`` times at each client count, their latencies pooled, more rounds where
+arms below take turns ``--rounds`` times at each client count, their latencies pooled, more rounds where
 fewer would make under 768 requests an arm (1 client: 96 rounds of 8 requests; this VM's speed drifts from one
 second to the next, and short rounds put the drift on both arms alike); every
 request is a real chat completion: an addition question in the specialist's harness format (one level, so the
@@ -24,7 +24,7 @@ It prints p50/p99 latency, requests/s and errors per arm, the proxy's own median
 ``Server-Timing``: auth, prepare, engine, store), and the proxy over baseline ratios (p50, p99 latency;
 requests/s), and writes them to ``bench/results/serve.json``. Beside the ratio of pooled p50s, ``p50 paired``
 is the median over rounds of the proxy's p50 over the baseline's in the same round (arms measured seconds
-apart: less swayed by the machine's drift than the pooled ratio). The acceptance bound: no errors at 32
+apart, so the machine's drift from one round to the next cancels). The acceptance bound: no errors at 32
 clients and proxy p50 <= 1.15x direct p50 (pooled).
 
 Data: an RSI home with a promoted ``addition`` lineage (``make demo`` makes one in ./.rsi; or a copy of one).
