@@ -257,13 +257,14 @@ class RateLimits:
     takes only when enough tokens are there, atomic in SQLite and PostgreSQL alike.
 
     A worker takes up to ``LEASE_S`` seconds' worth of the rate (at most half the burst) at once and spends it
-    locally (one DB write per lease, not per request, at high rates); what it has not spent when the lease expires is dropped, so the workers
-    together never exceed the limit (a worker may refuse a request while another holds unspent tokens: at most
-    one lease each). A lease three quarters spent or expired is renewed by a thread of its own while requests
-    go on spending it, so a key in steady use asks the DB once a lease, off its requests' path; what is left of
-    the old lease goes into the new one, as do the leases of concurrent first requests (a burst gets every token
-    it took); a renewal that finds the bucket short of a lease is not tried again before the bucket can have one. At rates under 2/``LEASE_S`` per second (or a burst under 4)
-    every request asks the DB."""
+    locally (one DB write per lease, not per request, at high rates); what it has not spent when its lease
+    expires is dropped, so the workers together never exceed the limit (a worker may refuse a request while
+    another holds unspent tokens). A lease three quarters spent or expired is renewed by a thread of its own
+    while requests go on spending it, so a key in steady use asks the DB once a lease, off its requests' path.
+    A new lease adds to what is left of the current one (a renewal, and concurrent first requests that each
+    leased: a burst gets every token it took); a renewal that finds the bucket short of a lease is not tried
+    again before the bucket can have one. At rates under 2/``LEASE_S`` per second (or a burst under 4) every
+    request asks the DB."""
 
     LEASE_S = 1.0
 
