@@ -796,3 +796,49 @@ def test_rsi_serve_command_answers_concurrent_clients_and_stops_on_sigterm(serve
     assert "serving on" in stdout
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the first run installs the engine venv
+def test_proxy_over_the_vllm_engine(served, adapters, tiny_base, rsi_home) -> None:
+    """``--engine openai``: the proxy starts rsi's vLLM engine on the champions' base, loads each routed
+    specialist's adapter at run time, and answers as the ``hf`` engine does (greedy); the engine it started stops
+    with it. Run with ``pytest -m vllm tests/test_serve.py`` (needs ``rsi engine install``)."""
+    import json
+
+    import openai
+
+    from rsi import engine
+    from rsi.backends import get_backend
+    from rsi.backends.base import SamplingParams
+    from rsi.hcp import load_harness
+    from rsi.mol.state import create_key
+    from rsi.tasks import get_family
+
+    engine.install()
+    key = create_key(served, "vllm-tester")
+    addition, sorting = load_harness("addition/v2"), load_harness("sorting/v1")
+    add_prompts = [addition.prompt(t.payload) for t in get_family("addition").tasks("heldout", 7, 3, 4)]
+    sort_prompt = sorting.prompt(get_family("sorting").tasks("heldout", 7, 1, 1)[0].payload)
+    hf = get_backend("hf", model_dir=tiny_base)
+    greedy = SamplingParams(max_new_tokens=12)
+    expected = [c[0].text for c in hf.generate(add_prompts, greedy, adapter=str(adapters["addition"]))]
+    base_sum = hf.generate(add_prompts[:1], greedy)[0][0].text
+    assert expected[0] != base_sum  # so the reply shows which model answered
+
+    with Server(served, rsi_home, engine="openai") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        replies = [client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": p}])
+                   for p in add_prompts]
+        assert {r.model for r in replies} == {"rsi/addition"}
+        assert [r.choices[0].message.content for r in replies] == expected
+        call = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": sort_prompt}])
+        assert call.model == "rsi/sorting" and call.choices[0].finish_reason == "tool_calls"
+        assert "i" in json.loads(call.choices[0].message.tool_calls[0].function.arguments)
+        forced = client.chat.completions.create(model="rsi/base", messages=[{"role": "user", "content": add_prompts[0]}])
+        assert forced.choices[0].message.content == base_sum
+        state = engine.status(rsi_home)
+        assert state["healthy"] and Path(state["model"]).name == tiny_base.name  # the champions' base
+        assert len({a["name"] for a in state["adapters"]}) == 2  # both specialists, loaded at run time
+    assert not engine.status(rsi_home)["running"]  # the proxy started the engine, so it stopped it
