@@ -9,7 +9,8 @@ prompts have equal token length), model ``rsi/auto``, greedy, routed by the ngra
 The arms per engine and client count, measured in the same run, taking turns:
 
 - ``proxy``: ``rsi serve`` started as a subprocess on a free loopback port, driven over HTTP (one keep-alive
-  connection per client, the standard library's ``http.client``);
+  connection per client: ``Connection``, a lean HTTP/1.1 client; ``--client http.client`` for the standard
+  library's);
 - ``direct``, the baseline: the engine as the proxy runs it, called without the proxy, with the same prompts,
   sampling and adapter and the same number of client threads: per request the engine calls the proxy makes
   (``generate([prompt], ...)``, or the plan's calls when the champion's harness has a plan:
@@ -32,7 +33,7 @@ The bench admits ``addition`` as a specialist and trains the ngram router there 
 creates an API key for the run (revoked at the end). Run:
 
     RSI_HOME=/tmp/mol-home .venv/bin/python bench/serve.py [--engines hf,vllm] [--clients 1,8,32]
-        [--per-client 8] [--level 4] [--out JSON]
+        [--per-client 8] [--level 4] [--client lean|http.client] [--out JSON]
 
 ``vllm`` needs the engine venv (``rsi engine install``); the bench starts the engine in RSI_HOME and stops it.
 """
@@ -174,37 +175,104 @@ def measure(engine: str, arm: str, send: Callable[[int, str], None], prompts: Se
                round_p50_ms=[1000 * statistics.median(r[0]) if r[0] else float("nan") for r in rounds])
 
 
-def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]]
-                 ) -> Callable[[int, str], None]:
-    """A chat completion through the proxy; a reply not 200, or not from the specialist, is an error. Each
-    reply's ``Server-Timing`` (ms per stage in the proxy) is appended to ``stages``. Each client keeps one
-    HTTP/1.1 connection of the standard library's ``http.client``, a lean load generator (what a client library
-    spends per request is the client's, not the proxy's); a request on a connection the server closed while it
-    was idle (between rounds) is sent once more on a new one."""
-    host, _, port = url.removeprefix("http://").partition(":")
-    pool = [http.client.HTTPConnection(host, int(port), timeout=120) for _ in range(clients)]
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+class Connection:
+    """One keep-alive HTTP/1.1 connection of the load generator: a request is one ``sendall`` of its head and
+    body, a response is read as its status line, its headers (a dict, lower-case names) and a Content-Length
+    body -- lean, as ``wrk``-style generators are, so the latency measured is the server's, not a client
+    library's (``http.client`` sends the head and the body as two writes and parses headers with ``email``;
+    ``--client http.client`` measures the proxy through it instead). Reconnects when the server closed the
+    connection while it was idle (between rounds); such a request is sent once more."""
 
-    def send(c: int, prompt: str) -> None:
-        body = json.dumps({"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]})
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self.sock: socket.socket | None = None
+
+    def _open(self) -> None:
+        self.sock = socket.create_connection(self.address, timeout=120)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.reader.close()
+            self.sock.close()
+            self.sock = None
+
+    def request(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one POST."""
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        message = (f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}:{self.address[1]}\r\n{head}"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+        for attempt in (1, 2):
+            fresh = self.sock is None
+            if fresh:
+                self._open()
+            try:
+                self.sock.sendall(message)
+                status_line = self.reader.readline()
+                if not status_line:
+                    raise ConnectionResetError("the server closed the connection")
+                got = {}
+                while (line := self.reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    got[name.strip().lower()] = value.strip()
+                data = self.reader.read(int(got.get("content-length", 0)))
+            except (BrokenPipeError, ConnectionResetError):
+                self.close()
+                if fresh or attempt == 2:  # only a connection that was idle may have been closed by the server
+                    raise
+                continue
+            except OSError:
+                self.close()
+                raise
+            if got.get("connection", "").lower() == "close":
+                self.close()
+            return int(status_line.split()[1]), got, data
+        raise AssertionError("unreachable")
+
+
+class StdlibConnection:
+    """``Connection``'s interface on the standard library's ``http.client`` (``--client http.client``)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=120)
+
+    def request(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
         for attempt in (1, 2):  # a connection idle past the server's keep-alive is closed: once more, on a new one
             try:
-                pool[c].request("POST", "/v1/chat/completions", body=body, headers=headers)
-                r = pool[c].getresponse()
-                text = r.read()
-                break
+                self.conn.request("POST", path, body=body, headers=headers)
+                r = self.conn.getresponse()
+                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
             except (OSError, http.client.HTTPException) as exc:
-                pool[c].close()
+                self.conn.close()
                 stale = isinstance(exc, (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected))
                 if attempt == 2 or not stale:
                     raise
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {text[:200]!r}")
-        if r.getheader("x-rsi-specialist") != SPECIALIST:
-            raise RuntimeError(f"routed to {r.getheader('x-rsi-specialist')!r}, not {SPECIALIST!r}")
+        raise AssertionError("unreachable")
+
+
+CLIENTS = {"lean": Connection, "http.client": StdlibConnection}
+
+
+def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]], client: str = "lean"
+                 ) -> Callable[[int, str], None]:
+    """A chat completion through the proxy, on the client's keep-alive connection (``CLIENTS[client]``); a
+    reply not 200, or not from the specialist, is an error. Each reply's ``Server-Timing`` (ms per stage in
+    the proxy) is appended to ``stages``."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    pool = [CLIENTS[client](host, int(port)) for _ in range(clients)]
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def send(c: int, prompt: str) -> None:
+        body = json.dumps({"model": "rsi/auto", "messages": [{"role": "user", "content": prompt}]}).encode()
+        status, got, text = pool[c].request("/v1/chat/completions", headers, body)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {text[:200]!r}")
+        if got.get("x-rsi-specialist") != SPECIALIST:
+            raise RuntimeError(f"routed to {got.get('x-rsi-specialist')!r}, not {SPECIALIST!r}")
         json.loads(text)
         stages.append({name.strip(): float(dur) for name, _, dur in
-                       (part.partition(";dur=") for part in r.getheader("server-timing").split(","))})
+                       (part.partition(";dur=") for part in got["server-timing"].split(","))})
 
     return send
 
@@ -297,7 +365,7 @@ def direct_vllm(champion, params) -> Iterator[Callable[[int, str], None]]:
 
 
 def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int,
-               rounds: int) -> list[Arm]:
+               rounds: int, client: str = "lean") -> list[Arm]:
     """Every arm at each client count, in turn, ``rounds`` times or more (the machine's speed drifts)."""
     from rsi.mol.proxy import specialist_params
 
@@ -309,7 +377,7 @@ def run_engine(engine: str, champion, key: str, prompts: list[str], clients: lis
         senders = {name: stack.enter_context(make(champion, params)) for name, make in baselines.items()}
         url = stack.enter_context(proxy("hf" if engine == "hf" else "openai"))
         stages: list[dict[str, float]] = []
-        senders["proxy"] = proxy_sender(url, key, max(clients), stages)
+        senders["proxy"] = proxy_sender(url, key, max(clients), stages, client)
         for send in senders.values():  # warm-up: adapters loaded, first-call costs paid
             load(send, prompts, 4, 2)
         for n in clients:
@@ -372,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=6, help=f"times each arm runs, alternating, pooled (more "
                         f"where fewer would make under {MIN_REQUESTS} requests)")
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="lean",
+                        help="the load generator's HTTP client (proxy arm)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
 
@@ -383,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     arms: list[Arm] = []
     try:
         for engine in args.engines.split(","):
-            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client, args.rounds)
+            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client, args.rounds,
+                               args.client)
     finally:
         revoke_key(store, key_name)
     rows = ratios(arms)
@@ -392,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "command": "python bench/serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "specialist": {"name": SPECIALIST, "generation": champion.generation, "harness": champion.harness.id,
                        "base": str(champion.base_dir)},
-        "level": args.level, "per_client": args.per_client, "rounds": args.rounds,
+        "level": args.level, "per_client": args.per_client, "rounds": args.rounds, "client": args.client,
         "arms": [asdict(a) | {"requests_per_s": a.requests_per_s} for a in arms],
         "proxy_over": rows,
         "machine": machine_info(None),

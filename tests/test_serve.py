@@ -484,6 +484,8 @@ def test_conversation_writer_commits_turns_together_and_alone_when_refused(db_ur
         fresh[0], "re 0", "re 1", "re 2"]
     assert all(len(state.conversation_messages(store, c, "alice")) == 1 for c in fresh[1:])
     assert state.conversation_messages(store, taken, "alice") == []
+    writer.close()  # its thread ends and its connection is closed
+    assert not writer._thread.is_alive() and writer._conn is None
     store.dispose()
 
 

@@ -139,39 +139,36 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
 Turn = list[tuple[dict[str, Any], str | None]]  # messages, each with the specialist that wrote it (or None)
 
 
-def _start(conn: Any, conversation_id: str, owner: str, messages: Turn) -> None:
-    """Insert a conversation and its first messages (Core inserts: on every new conversation's reply path)."""
+def _write(conn: Any, turns: list[tuple[str, str, str | None, Turn]]) -> None:
+    """Write turns, each ("start", conversation, owner, messages) -- a new conversation with its first messages
+    -- or ("append", conversation, None, messages) -- messages after the conversation's stored ones, their
+    positions read in the same transaction: one INSERT of the new conversations, one COUNT of the appended ones,
+    one INSERT of every message (Core statements: on each reply's path, and a group commit writes many turns)."""
     from sqlalchemy import insert
 
-    from rsi.store.schema import ConversationMessageRow, ConversationRow, utcnow
+    from rsi.store.schema import ConversationMessageRow as M, ConversationRow, utcnow
 
     now = utcnow()
-    conn.execute(insert(ConversationRow.__table__), [{"id": conversation_id, "api_key": owner, "created_at": now}])
-    _insert_messages(conn, conversation_id, 0, messages, now)
-
-
-def _append(conn: Any, conversation_id: str, messages: Turn) -> None:
-    """Insert messages after the conversation's stored ones (positions read in the same transaction)."""
-    from rsi.store.schema import ConversationMessageRow as M, utcnow
-
-    start = conn.scalar(select(func.count()).select_from(M).where(M.conversation_id == conversation_id)) or 0
-    _insert_messages(conn, conversation_id, start, messages, utcnow())
-
-
-def _insert_messages(conn: Any, conversation_id: str, start: int, messages: Turn, now: Any) -> None:
-    from sqlalchemy import insert
-
-    from rsi.store.schema import ConversationMessageRow
-
-    conn.execute(insert(ConversationMessageRow.__table__),
-                 [{"conversation_id": conversation_id, "position": start + i, "message": message,
-                   "specialist": specialist, "created_at": now} for i, (message, specialist) in enumerate(messages)])
+    started = [{"id": c, "api_key": owner, "created_at": now} for kind, c, owner, _ in turns if kind == "start"]
+    if started:
+        conn.execute(insert(ConversationRow.__table__), started)
+    appended = {c for kind, c, _, _ in turns if kind == "append"}
+    following = dict(conn.execute(select(M.conversation_id, func.count()).where(M.conversation_id.in_(appended))
+                                  .group_by(M.conversation_id)).all()) if appended else {}
+    rows = []
+    for _, c, _, messages in turns:
+        start = following.get(c, 0)
+        rows += [{"conversation_id": c, "position": start + i, "message": message, "specialist": specialist,
+                  "created_at": now} for i, (message, specialist) in enumerate(messages)]
+        following[c] = start + len(messages)
+    if rows:
+        conn.execute(insert(M.__table__), rows)
 
 
 def start_conversation(store: Store, conversation_id: str, owner: str, messages: Turn) -> None:
     """A new conversation with its first messages, in one transaction (its first turn costs one write)."""
     with store.engine.begin() as conn:
-        _start(conn, conversation_id, owner, messages)
+        _write(conn, [("start", conversation_id, owner, messages)])
 
 
 def append_messages(store: Store, conversation_id: str, messages: Turn, attempts: int = 20) -> None:
@@ -185,7 +182,7 @@ def append_messages(store: Store, conversation_id: str, messages: Turn, attempts
     for attempt in range(attempts):
         try:
             with store.engine.begin() as conn:
-                _append(conn, conversation_id, messages)
+                _write(conn, [("append", conversation_id, None, messages)])
             return
         except (IntegrityError, OperationalError):
             if attempt == attempts - 1:
@@ -197,14 +194,18 @@ class ConversationWriter:
     """A proxy's conversation writes, committed together: one thread takes every turn waiting and writes them in
     one transaction (group commit), so concurrent requests share a commit instead of queueing on the database's
     write lock one commit each (``bench/serve.py``: the store stage at 32 clients). A request's future is done
-    once its turn is committed. A batch the database refuses (another worker appended to a conversation in it)
-    is written again one turn at a time, appends with ``append_messages``' retries."""
+    once its turn is committed. The thread keeps one connection, not a pooled one per batch. A batch the
+    database refuses (another worker appended to a conversation in it) is written again one turn at a time,
+    appends with ``append_messages``' retries, and the connection is replaced."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._conn: Any = None
         self._waiting: list[tuple[str, str, str | None, Turn, Future]] = []
         self._ready = threading.Condition()
-        threading.Thread(target=self._run, name="rsi-conversation-writer", daemon=True).start()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="rsi-conversation-writer", daemon=True)
+        self._thread.start()
 
     def start(self, conversation_id: str, owner: str, messages: Turn) -> Future:
         return self._put("start", conversation_id, owner, messages)
@@ -215,24 +216,34 @@ class ConversationWriter:
     def _put(self, kind: str, conversation_id: str, owner: str | None, messages: Turn) -> Future:
         future: Future = Future()
         with self._ready:
+            if self._closing:
+                raise RuntimeError("the conversation writer is closed")
             self._waiting.append((kind, conversation_id, owner, messages, future))
             self._ready.notify()
         return future
 
+    def close(self) -> None:
+        """Write the turns waiting, then stop the thread and close its connection."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
+        self._thread.join(30)
+
     def _run(self) -> None:
         while True:
             with self._ready:
-                while not self._waiting:
+                while not self._waiting and not self._closing:
                     self._ready.wait()
                 batch, self._waiting = self._waiting, []
+            if not batch:  # closing, and nothing left to write
+                self._close()
+                return
             try:
-                with self.store.engine.begin() as conn:
-                    for kind, conversation_id, owner, messages, _ in batch:
-                        if kind == "start":
-                            _start(conn, conversation_id, owner, messages)
-                        else:
-                            _append(conn, conversation_id, messages)
+                self._conn = self._conn or self.store.engine.connect()
+                with self._conn.begin():
+                    _write(self._conn, [turn[:4] for turn in batch])
             except Exception:  # each turn alone: one refused turn must not lose the others
+                self._close()
                 for kind, conversation_id, owner, messages, future in batch:
                     try:
                         if kind == "start":
@@ -246,6 +257,14 @@ class ConversationWriter:
             else:
                 for *_, future in batch:
                     future.set_result(None)
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a connection that broke: the pool discards it
+                log.warning("closing the conversation writer's connection failed", exc_info=True)
 
 
 # ---- rate limits -----------------------------------------------------------------------------------------
