@@ -44,8 +44,10 @@ specialists_app = typer.Typer(help="Specialists of Mixture-of-LoRA serving: line
 keys_app = typer.Typer(help="API keys of `rsi serve` (stored hashed in the state DB).", no_args_is_help=True)
 router_app = typer.Typer(help="Routers of `rsi serve`: train on the specialists' routing examples, evaluate on "
                          "held-out ones.", no_args_is_help=True)
+conversations_app = typer.Typer(help="Conversations of `rsi serve` (rows in the state DB).", no_args_is_help=True)
 app.add_typer(specialists_app, name="specialists")
 app.add_typer(keys_app, name="keys")
+app.add_typer(conversations_app, name="conversations")
 app.add_typer(router_app, name="router")
 
 PROFILE = typer.Option(None, "--profile", help="configuration profile: demo (addition), sorting, or tiny for smoke "
@@ -715,6 +717,23 @@ def keys_list() -> None:
     from rsi.mol.state import list_keys
 
     print(json.dumps(list_keys(_store(migrate=True)), indent=2))
+
+
+@conversations_app.command("prune")
+def conversations_prune(
+    older_than: float = typer.Option(..., "--older-than", min=0.0, help="days since a conversation's last message"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="count them, delete nothing"),
+) -> None:
+    """Delete the conversations idle for longer than --older-than days, with their messages (a retention policy:
+    the proxy keeps every conversation until then, so a client can continue it)."""
+    from datetime import datetime, timedelta, timezone
+
+    from rsi.mol.state import prune_conversations
+
+    before = datetime.now(timezone.utc) - timedelta(days=older_than)
+    count = prune_conversations(_store(migrate=True), before, dry_run=dry_run)
+    out.print(f"{count} conversation(s) with no message since {before:%Y-%m-%d %H:%M} UTC "
+              f"{'would be deleted' if dry_run else 'deleted'}")
 
 
 ROUTER_KIND = typer.Option("ngram", "--kind", help="ngram (naive Bayes on character n-grams) or lora (a route "

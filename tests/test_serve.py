@@ -399,6 +399,10 @@ def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
     assert key.returncode == 0 and key.stdout.strip().startswith("rsi-")
     again = _rsi("keys", "create", "cli")
     assert again.returncode == 2 and "exists already" in again.stderr
+    pruned = _rsi("conversations", "prune", "--older-than", "30", "--dry-run")
+    assert pruned.returncode == 0 and "0 conversation(s) with no message since" in pruned.stdout, pruned.stderr
+    negative = _rsi("conversations", "prune", "--older-than", "-1")
+    assert negative.returncode == 2 and "Traceback" not in negative.stderr
     unknown = _rsi("router", "train", "--kind", "svm")
     assert unknown.returncode == 2 and "known routers: lora, ngram" in unknown.stderr
     report = _rsi("router", "eval", "--kind", "ngram", "--per-level", "4", "--json")
@@ -486,6 +490,45 @@ def test_conversation_writer_commits_turns_together_and_alone_when_refused(db_ur
     assert state.conversation_messages(store, taken, "alice") == []
     writer.close()  # its thread ends and its connection is closed
     assert not writer._thread.is_alive() and writer._conn is None
+    store.dispose()
+
+
+def test_idle_conversations_are_pruned(db_url) -> None:
+    """Retention: a conversation with no message since the cutoff goes, with its messages, batch after batch;
+    one with a recent message, or started after the cutoff, stays whole; a dry run deletes nothing."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, select, update
+
+    from rsi.mol import state
+    from rsi.store import open_store
+    from rsi.store.schema import ConversationMessageRow as M, ConversationRow as C, utcnow
+
+    store = open_store(db_url)
+    turn = [({"role": "user", "content": "hi"}, None), ({"role": "assistant", "content": "hello"}, "addition")]
+    names = ("idle", "idle_too", "answered_lately", "new", "empty")
+    ids = {name: state.new_conversation_id() for name in names}
+    for name in names[:-1]:
+        state.start_conversation(store, ids[name], "alice", turn)
+    state.start_conversation(store, ids["empty"], "alice", [])
+    old = utcnow() - timedelta(days=40)
+    with store.engine.begin() as conn:
+        for name in ("idle", "idle_too", "answered_lately", "empty"):
+            conn.execute(update(C).where(C.id == ids[name]).values(created_at=old))
+            conn.execute(update(M).where(M.conversation_id == ids[name]).values(created_at=old))
+    state.append_messages(store, ids["answered_lately"], [({"role": "user", "content": "again"}, None)])
+    cutoff = utcnow() - timedelta(days=30)
+    assert state.prune_conversations(store, cutoff, dry_run=True) == 3
+    assert len(state.conversation_messages(store, ids["idle"], "alice")) == 2
+    assert state.prune_conversations(store, cutoff, batch=2) == 3
+    for name in ("idle", "idle_too", "empty"):
+        with pytest.raises(LookupError):
+            state.conversation_messages(store, ids[name], "alice")
+    assert len(state.conversation_messages(store, ids["answered_lately"], "alice")) == 3
+    assert len(state.conversation_messages(store, ids["new"], "alice")) == 2
+    with store.engine.connect() as conn:  # no message left behind
+        assert conn.scalar(select(func.count()).select_from(M)) == 5
+    assert state.prune_conversations(store, cutoff) == 0
     store.dispose()
 
 

@@ -136,6 +136,30 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
         return [(r.message, r.specialist) for r in rows]
 
 
+def prune_conversations(store: Store, before: Any, batch: int = 1000, dry_run: bool = False) -> int:
+    """Delete the conversations with no message since ``before`` (a UTC datetime), and their messages; returns
+    how many (``dry_run``: counts them, deletes nothing). ``batch`` conversations a transaction, so a proxy's
+    writes never wait on a long one. A turn sent to a conversation while it is deleted fails."""
+    from sqlalchemy import delete
+
+    from rsi.store.schema import ConversationMessageRow as M, ConversationRow as C
+
+    recent = select(M.id).where(M.conversation_id == C.id, M.created_at >= before).exists()
+    stale = select(C.id).where(C.created_at < before, ~recent)
+    if dry_run:
+        with store.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(stale.subquery()))
+    deleted = 0
+    while True:
+        with store.engine.begin() as conn:
+            ids = conn.scalars(stale.limit(batch)).all()
+            if not ids:
+                return deleted
+            conn.execute(delete(M).where(M.conversation_id.in_(ids)))
+            conn.execute(delete(C).where(C.id.in_(ids)))
+        deleted += len(ids)
+
+
 Turn = list[tuple[dict[str, Any], str | None]]  # messages, each with the specialist that wrote it (or None)
 
 
