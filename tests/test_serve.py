@@ -752,6 +752,26 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
         service.close()
 
 
+def test_service_loads_every_champions_base_in_the_background(served, rsi_home) -> None:
+    """A turn goes the warm way (routed and sent on the event loop) only when every champion's base is loaded;
+    ``warm`` sends the missing ones to load in the background, once, so a specialist no request reached yet
+    does not keep every request off it."""
+    from rsi.mol.proxy import ServeConfig, Service
+
+    service = Service(ServeConfig(), served, rsi_home)
+    try:
+        champions = service.champions()
+        assert service.warm() is None and service.warm() is None  # nothing loaded yet: sent to load, once
+        assert len(service._loading) == 1
+        deadline = time.monotonic() + 120
+        while service.champions() and service.warm() is None:  # champions are remembered for a while only
+            assert time.monotonic() < deadline, "the base was not loaded in the background"
+            time.sleep(0.1)
+        assert service.warm() == champions and set(service._backends) == {c.base_dir for c in champions.values()}
+    finally:
+        service.close()
+
+
 def test_engine_process_answers_like_the_backend_and_fails_calls_when_it_dies(tiny_base) -> None:
     """The proxy's hf engine in its own process (``rsi.mol.process``): the backend's replies, its errors as
     themselves; a killed child fails the call in flight and every later one with its exit code, never a hang."""

@@ -303,7 +303,9 @@ class Service:
         self._recent = Recent(CACHE_S)
         self._backends: dict[Path, Any] = {}
         self._backends_lock = threading.Lock()  # concurrent first requests must not load a base twice
-        self._started_engine = False
+        self._loading: set[Path] = set()  # bases sent to be loaded in the background
+        self._loading_lock = threading.Lock()
+        self._started_engine = self._closed = False
         self._threads = ThreadPoolExecutor(64, thread_name_prefix="rsi-serve-backend")
 
     def owner(self, key: str, cached: bool = False) -> str | None:
@@ -321,14 +323,32 @@ class Service:
 
     def warm(self) -> dict[str, Any] | None:
         """The champions, when a turn can be routed and sent with them without waiting on anything (they are
-        remembered, every one's base is loaded, the router runs no model), else None."""
+        remembered, every one's base is loaded, the router runs no model), else None. A champion's base not yet
+        loaded is sent to be loaded in the background (once), so a specialist no request has reached yet does
+        not keep every request off this path."""
         champions = self._recent.peek("champions")
-        ready = bool(champions) and not self.router.decodes and all(
-            c.base_dir in self._backends for c in champions.values())
-        return champions if ready else None
+        if not champions or self.router.decodes:
+            return None
+        missing = {c.base_dir for c in champions.values()} - self._backends.keys()
+        if missing:
+            with self._loading_lock:
+                missing -= self._loading
+                self._loading |= missing
+            for base_dir in missing:
+                self._threads.submit(self._preload, base_dir)
+            return None
+        return champions
+
+    def _preload(self, base_dir: Path) -> None:
+        try:
+            self.backend(base_dir)
+        except Exception:  # a request routed to it gets the error; nothing else is held up
+            log.exception("cannot load the base model %s in the background", base_dir)
 
     def backend(self, base_dir: Path) -> Any:
         with self._backends_lock:
+            if self._closed:
+                raise RuntimeError("the proxy is shutting down")
             if base_dir not in self._backends:
                 from rsi.backends import get_backend
 
@@ -349,7 +369,7 @@ class Service:
     def close(self) -> None:
         """Stop the engines this service started (the hf engine processes, the vLLM engine) and free the DB."""
         with self._backends_lock:
-            backends, self._backends = list(self._backends.items()), {}
+            backends, self._backends, self._closed = list(self._backends.items()), {}, True
         for base_dir, backend in backends:
             backend.close()
         self.writer.close()
@@ -538,6 +558,10 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        try:  # the champions' engines start loading in the background
+            await run_in_threadpool(lambda: service.champions() and service.warm())
+        except Exception:  # a request meets the problem and gets its error; the proxy still starts
+            log.exception("cannot read the specialists at startup")
         yield
         service.close()  # the engine processes (and a vLLM engine the proxy started) stop with the proxy
 
