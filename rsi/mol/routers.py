@@ -191,6 +191,7 @@ class NGramRouter:
         self.names: tuple[str, ...] = ()
         self.counts: dict[str, dict[str, int]] = {}
         self.priors: dict[str, float] = {}
+        self._tables()
 
     def fit(self, examples: Sequence[RoutingExample], champions: dict[str, Any]) -> None:
         self.names = tuple(sorted({e.specialist for e in examples}))
@@ -200,6 +201,18 @@ class NGramRouter:
         self.counts = {name: dict(sorted(c.items())) for name, c in per_class.items()}
         total = len(examples)
         self.priors = {name: sum(e.specialist == name for e in examples) / total for name in self.names}
+        self._tables()
+
+    def _tables(self) -> None:
+        """What every turn's routing reads, computed once per fit or load: the vocabulary, and per specialist
+        the log-probability of each n-gram it has seen and of an unseen one (Laplace smoothing)."""
+        self.vocab = set().union(*self.counts.values()) if self.counts else set()
+        self.logp: dict[str, dict[str, float]] = {}
+        self.unseen: dict[str, float] = {}
+        for name, counts in self.counts.items():
+            denominator = sum(counts.values()) + len(self.vocab) + 1
+            self.logp[name] = {g: math.log((c + 1) / denominator) for g, c in counts.items()}
+            self.unseen[name] = math.log(1 / denominator)
 
     def save(self, folder: Path) -> None:
         (folder / "ngram.json").write_text(json.dumps({"names": self.names, "priors": self.priors,
@@ -208,18 +221,16 @@ class NGramRouter:
     def load(self, folder: Path) -> None:
         data = json.loads((folder / "ngram.json").read_text())
         self.names, self.priors, self.counts = tuple(data["names"]), data["priors"], data["counts"]
+        self._tables()
 
     def probabilities(self, texts: Sequence[str]) -> list[dict[str, float]]:
-        vocab = set().union(*self.counts.values()) if self.counts else set()
-        totals = {name: sum(c.values()) for name, c in self.counts.items()}
         out = []
         for text in texts:
             grams = ngrams(text)
             short = [g for g in grams if len(g) <= 2]  # a fit measure that digit trigrams seen by chance do not sway
-            known = sum(g in vocab for g in short) / len(short)
-            logp = {name: math.log(self.priors[name]) + sum(
-                math.log((self.counts[name].get(g, 0) + 1) / (totals[name] + len(vocab) + 1)) for g in grams)
-                for name in self.names}
+            known = sum(g in self.vocab for g in short) / len(short)
+            logp = {name: math.log(self.priors[name]) + sum(self.logp[name].get(g, self.unseen[name]) for g in grams)
+                    for name in self.names}
             top = max(logp.values())
             z = sum(math.exp(v - top) for v in logp.values())
             out.append({name: known * math.exp(v - top) / z for name, v in logp.items()})
