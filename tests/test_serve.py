@@ -529,6 +529,12 @@ def test_idle_conversations_are_pruned(db_url) -> None:
     with store.engine.connect() as conn:  # no message left behind
         assert conn.scalar(select(func.count()).select_from(M)) == 5
     assert state.prune_conversations(store, cutoff) == 0
+    with pytest.raises(LookupError):  # a turn for a conversation pruned since it began: not retried
+        state.append_messages(store, ids["idle"], [({"role": "user", "content": "late"}, None)], attempts=1000)
+    writer = state.ConversationWriter(store)
+    with pytest.raises(LookupError):
+        writer.append(ids["idle_too"], [({"role": "user", "content": "late"}, None)]).result(timeout=30)
+    writer.close()
     store.dispose()
 
 

@@ -780,7 +780,12 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                     "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
                     "usage": usage, "conversation_id": conversation_id, "rsi": info}
             response = JSONResponse(body, headers=headers)
-        await stored
+        try:
+            await stored
+        except LookupError:  # deleted (`rsi conversations prune`) while the turn was answered
+            raise ApiError(404, f"conversation {conversation_id!r} was deleted while this turn was answered; "
+                           "omit conversation_id to start a new one", param="conversation_id",
+                           code="conversation_not_found") from None
         times["store"] = lap()
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)

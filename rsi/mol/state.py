@@ -200,8 +200,11 @@ def append_messages(store: Store, conversation_id: str, messages: Turn, attempts
 
     Two writers appending to one conversation at once both read the same next position; the unique
     (conversation, position) constraint refuses the second (SQLite may refuse its stale read instead), which
-    then reads the positions again and retries: both turns are stored, one after the other."""
+    then reads the positions again and retries: both turns are stored, one after the other. A conversation
+    that no longer exists (pruned since the turn began) is a LookupError, not retried."""
     from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from rsi.store.schema import ConversationRow
 
     for attempt in range(attempts):
         try:
@@ -209,6 +212,9 @@ def append_messages(store: Store, conversation_id: str, messages: Turn, attempts
                 _write(conn, [("append", conversation_id, None, messages)])
             return
         except (IntegrityError, OperationalError):
+            with store.engine.connect() as conn:
+                if conn.scalar(select(ConversationRow.id).where(ConversationRow.id == conversation_id)) is None:
+                    raise LookupError(conversation_id) from None
             if attempt == attempts - 1:
                 raise
             time.sleep(random.uniform(0.001, 0.005) * (attempt + 1))
