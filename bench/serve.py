@@ -187,10 +187,40 @@ class Connection:
         self.address = (host, port)
         self.sock: socket.socket | None = None
 
-    def _open(self) -> None:
-        self.sock = socket.create_connection(self.address, timeout=120)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = self.sock.makefile("rb")
+    def request(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one POST."""
+        for attempt in (1, 2):
+            reused = self.sock is not None
+            try:
+                return self._exchange(path, headers, body)
+            except (BrokenPipeError, ConnectionResetError):  # http.client's RemoteDisconnected is one too
+                self.close()
+                if not reused or attempt == 2:  # only a connection that was idle may have been closed by the server
+                    raise
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def _exchange(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=120)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.reader = self.sock.makefile("rb")
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}:{self.address[1]}\r\n{head}"
+                           f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body)
+        status_line = self.reader.readline()
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection")
+        got = {}
+        while (line := self.reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            got[name.strip().lower()] = value.strip()
+        data = self.reader.read(int(got.get("content-length", 0)))
+        if got.get("connection", "").lower() == "close":
+            self.close()
+        return int(status_line.split()[1]), got, data
 
     def close(self) -> None:
         if self.sock is not None:
@@ -198,57 +228,21 @@ class Connection:
             self.sock.close()
             self.sock = None
 
-    def request(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
-        """(status, headers, body) of one POST."""
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        message = (f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}:{self.address[1]}\r\n{head}"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
-        for attempt in (1, 2):
-            fresh = self.sock is None
-            if fresh:
-                self._open()
-            try:
-                self.sock.sendall(message)
-                status_line = self.reader.readline()
-                if not status_line:
-                    raise ConnectionResetError("the server closed the connection")
-                got = {}
-                while (line := self.reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, _, value = line.decode("latin-1").partition(":")
-                    got[name.strip().lower()] = value.strip()
-                data = self.reader.read(int(got.get("content-length", 0)))
-            except (BrokenPipeError, ConnectionResetError):
-                self.close()
-                if fresh or attempt == 2:  # only a connection that was idle may have been closed by the server
-                    raise
-                continue
-            except OSError:
-                self.close()
-                raise
-            if got.get("connection", "").lower() == "close":
-                self.close()
-            return int(status_line.split()[1]), got, data
-        raise AssertionError("unreachable")
 
+class StdlibConnection(Connection):
+    """``Connection`` on the standard library's ``http.client`` (``--client http.client``)."""
 
-class StdlibConnection:
-    """``Connection``'s interface on the standard library's ``http.client`` (``--client http.client``)."""
+    def _exchange(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        if self.sock is None:
+            self.sock = http.client.HTTPConnection(*self.address, timeout=120)
+        self.sock.request("POST", path, body=body, headers=headers)
+        r = self.sock.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
 
-    def __init__(self, host: str, port: int) -> None:
-        self.conn = http.client.HTTPConnection(host, port, timeout=120)
-
-    def request(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
-        for attempt in (1, 2):  # a connection idle past the server's keep-alive is closed: once more, on a new one
-            try:
-                self.conn.request("POST", path, body=body, headers=headers)
-                r = self.conn.getresponse()
-                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-            except (OSError, http.client.HTTPException) as exc:
-                self.conn.close()
-                stale = isinstance(exc, (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected))
-                if attempt == 2 or not stale:
-                    raise
-        raise AssertionError("unreachable")
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 CLIENTS = {"lean": Connection, "http.client": StdlibConnection}

@@ -757,31 +757,11 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         times["engine"] = lap()
         answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
-        # stored before the reply goes out (a client that has the reply finds it in the conversation); the reply
-        # is made while the turn commits
+        # stored before the reply goes out: a client that has the reply finds it in the conversation
         turn = [(m, None) for m in added] + [(reply, who)]
-        stored = asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
-                                     else service.writer.start(conversation_id, owner, turn))
-        info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,
-                "conversation_id": conversation_id}
-        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who}
-        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
-        if req.stream:
-            response = StreamingResponse(_chunks(completion_id, created, model, reply, finish_reason, info,
-                                                 usage if req.include_usage() else None),
-                                         media_type="text/event-stream", headers=headers)
-        else:
-            message = {"role": "assistant", "content": None if reply.get("tool_calls") else reply["content"]}
-            if reply.get("tool_calls"):
-                message["tool_calls"] = reply["tool_calls"]
-            body = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-                    "usage": usage, "conversation_id": conversation_id, "rsi": info}
-            response = JSONResponse(body, headers=headers)
         try:
-            await stored
+            await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
+                                      else service.writer.start(conversation_id, owner, turn))
         except LookupError:  # deleted (`rsi conversations prune`) while the turn was answered
             raise ApiError(404, f"conversation {conversation_id!r} was deleted while this turn was answered; "
                            "omit conversation_id to start a new one", param="conversation_id",
@@ -790,9 +770,24 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         routed.labels(who, route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
-        # where the request's time went
-        response.headers["Server-Timing"] = ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())
-        return response
+        info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,
+                "conversation_id": conversation_id}
+        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,  # where a request's time went
+                   "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())}
+        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        if req.stream:
+            return StreamingResponse(_chunks(completion_id, created, model, reply, finish_reason, info,
+                                             usage if req.include_usage() else None),
+                                     media_type="text/event-stream", headers=headers)
+        message = {"role": "assistant", "content": None if reply.get("tool_calls") else reply["content"]}
+        if reply.get("tool_calls"):
+            message["tool_calls"] = reply["tool_calls"]
+        body = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+                "usage": usage, "conversation_id": conversation_id, "rsi": info}
+        return JSONResponse(body, headers=headers)
 
     return Proxy(app)
 

@@ -114,11 +114,8 @@ def new_conversation_id() -> str:
 
 
 def new_conversation(store: Store, owner: str) -> str:
-    from rsi.store.schema import ConversationRow
-
     conversation_id = new_conversation_id()
-    with store.session() as s:
-        s.add(ConversationRow(id=conversation_id, api_key=owner))
+    start_conversation(store, conversation_id, owner, [])
     return conversation_id
 
 
@@ -139,7 +136,8 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
 def prune_conversations(store: Store, before: Any, batch: int = 1000, dry_run: bool = False) -> int:
     """Delete the conversations with no message since ``before`` (a UTC datetime), and their messages; returns
     how many (``dry_run``: counts them, deletes nothing). ``batch`` conversations a transaction, so a proxy's
-    writes never wait on a long one. A turn sent to a conversation while it is deleted fails."""
+    writes never wait on a long one. A turn sent to a conversation while it is deleted gets a LookupError
+    (``append_messages``)."""
     from sqlalchemy import delete
 
     from rsi.store.schema import ConversationMessageRow as M, ConversationRow as C
