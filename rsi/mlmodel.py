@@ -101,7 +101,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
         tasks = []
         for i, payload in enumerate(payloads):
             try:
-                tasks.append(family.derive(payload))  # the plan never reads a task's answer
+                tasks.append(family.derive(payload))  # a task for its id; the plan gets the payload only
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
                                 f"{exc}); pass payloads like the family's tasks, or prompt strings") from None

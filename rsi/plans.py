@@ -1,11 +1,12 @@
 """Plans: a harness that poses a task as several model calls (``[plan]`` in hcp.toml).
 
-A task family declares its plans (``TaskFamily.plans``): programs that pose one task as calls the harness can
-pose, e.g. a long addition as additions of digit chunks, and compose the task's answer from the calls' parsed
-answers. Each call is a task of the family (``TaskFamily.derive``) posed in the harness's one-call format, so
-its trajectory is an ordinary one-step trajectory: audited, selected and trained on like any other. A plan
-never sees a task's answer; the auditor checks every call against its own task and the family's verifier
-checks the composed answer against the task's.
+A task family declares its plans (``TaskFamily.plans``): programs over payloads that pose one task as calls the
+harness can pose, e.g. a long addition as additions of digit chunks, and compose the task's answer from the
+calls' parsed answers. A plan gets the task's payload only, never its answer or the family (so it cannot solve
+or verify). This runner makes each call payload a task of the family (``TaskFamily.derive``; the task itself
+when a call poses it whole), posed in the harness's one-call format, so its trajectory is an ordinary one-step
+trajectory: audited, selected and trained on like any other. The auditor checks every call against its own task
+and the family's verifier checks the composed answer against the task's.
 
 ``run_plans`` runs the programs of many tasks side by side: each round's calls of every live program go to the
 backend in one batch, so a plan costs as many batches as its deepest program has rounds, not one per call.
@@ -48,16 +49,23 @@ def plan_of(harness: Harness, family: TaskFamily) -> Plan:
     return family.plans[name]
 
 
+def call_task(family: TaskFamily, task: Task, payload: dict[str, Any]) -> Task:
+    """The task a call of ``task``'s plan poses: ``task`` itself when the call poses it whole (so its trajectory
+    is the one a one-call harness makes), else the payload's derived task."""
+    return task if payload == task.payload else family.derive(payload)
+
+
 def calls_with_gold(harness: Harness, family: TaskFamily, task: Task) -> tuple[list[Task], Any]:
     """The calls the plan makes for ``task`` when every call is answered right, and the answer it composes
     (validation, and whether a harness can pose a task at all)."""
-    program = plan_of(harness, family)(task, harness.document.plan.params, family)
+    program = plan_of(harness, family)(task.payload, harness.document.plan.params)
     calls: list[Task] = []
     try:
-        round_ = next(program)
+        payloads = next(program)
         while True:
+            round_ = [call_task(family, task, payload) for payload in payloads]
             calls += round_
-            round_ = program.send([call.answer for call in round_])
+            payloads = program.send([call.answer for call in round_])
     except StopIteration as done:
         return calls, done.value
 
@@ -78,7 +86,7 @@ def poses(harness: Harness, family: TaskFamily, task: Task) -> bool:
 def run_plans(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend,
               pair_id: str, params: SamplingParams, adapter: str | None = None) -> PlanRun:
     """``params.n`` runs of the plan's program per task; each round's calls of all live runs in one batch
-    (one sample per call: a run samples its own path)."""
+    (one sample per call: a run samples its own path). A program gets its task's payload, never its answer."""
     plan, plan_params = plan_of(harness, family), harness.document.plan.params
     answer_spec = harness.document.answer
     one = params.model_copy(update={"n": 1})
@@ -92,22 +100,22 @@ def run_plans(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backe
     def advance(i: int, replies: list[Any] | None) -> None:
         program = programs[i]
         try:
-            round_ = next(program) if replies is None else program.send(replies)
+            payloads = next(program) if replies is None else program.send(replies)
         except StopIteration as done:
             answers[i] = done.value
             pending.pop(i, None)
             return
         try:
-            for call in round_:
-                harness.prompt(call.payload)
+            for payload in payloads:
+                harness.prompt(payload)
         except UserError:
             program.close()  # a call this harness cannot pose: the run has no answer
             pending.pop(i, None)
             return
-        pending[i] = round_
+        pending[i] = [call_task(family, runs[i][0], payload) for payload in payloads]  # for the auditor
 
     for i, (task, _) in enumerate(runs):
-        programs[i] = plan(task, plan_params, family)
+        programs[i] = plan(task.payload, plan_params)
         advance(i, None)
     while pending:
         order = sorted(pending)

@@ -28,10 +28,12 @@ SPLIT_SHARES: dict[Split, float] = {"train": 0.8, "heldout": 0.1, "test": 0.1}
 MAX_DRAWS = 10_000  # rejection draws for one task before a split is declared empty at a level
 DERIVED_SEED = -1  # the seed of a derived task: one a plan poses as part of another (``TaskFamily.derive``)
 
-# A plan (``TaskFamily.plans``): a program that poses one task as calls the harness can pose. It yields lists of
-# sub-tasks (one round of calls, run in one batch), receives the parsed answers (None where a call gave none)
-# and returns the task's answer composed from them (None when it cannot). It never sees the task's answer.
-Plan = Callable[["Task", dict[str, Any], "TaskFamily"], Generator[list["Task"], list[Any], Any]]
+# A plan (``TaskFamily.plans``): a program over payloads that poses one task as calls the harness can pose. Called
+# with the task's payload and the harness's plan params, it yields lists of call payloads (one round of calls, run
+# in one batch), receives their parsed answers (None where a call gave none) and returns the task's answer
+# composed from them (None when it cannot). It gets neither the task's answer nor the family, so it cannot solve
+# or verify: the runner (``rsi.plans``) makes each call a task for the auditor.
+Plan = Callable[[dict[str, Any], dict[str, Any]], Generator[list[dict[str, Any]], list[Any], Any]]
 
 
 def split_of_key(family: str, key: Any) -> Split:

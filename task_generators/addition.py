@@ -52,27 +52,27 @@ def read(text: str) -> list[dict[str, Any]]:
     return [{"a": int(a[::-1]), "b": int(b[::-1])}, {"a": int(a), "b": int(b)}]
 
 
-def digit_chunks(task: Task, params: dict[str, Any], family: TaskFamily) -> Generator[list[Task], list[Any], Any]:
-    """Long addition, done by the model in parts of at most ``chunk`` digits, as a carry-select adder: a task of
-    at most ``chunk`` digits is posed whole; a longer one is cut into parts (``cuts``) and posed in one round:
+def digit_chunks(payload: dict[str, Any], params: dict[str, Any]) -> Generator[list[dict[str, Any]], list[Any], Any]:
+    """Long addition, done by the model in parts of at most ``chunk`` digits, as a carry-select adder: a payload
+    of at most ``chunk`` digits is posed whole; a longer one is cut into parts (``cuts``) and posed in one round:
     the lowest part's addition, and for every higher part two, one without a carry coming in and one with it.
     The carry goes in as one more digit 5 under both operands (``a5 + b5`` = ``(a + b + 1)`` followed by 0), so
     every call adds operands of equal length, as the model learned to. Then the lowest part's carry picks the
-    next part's answer, and so on up. The plan only cuts, appends and joins digit strings; every digit of the
-    answer comes from a model call."""
+    next part's answer, and so on up. The plan sees the payload only and only cuts, appends and joins digit
+    strings; every digit of the answer comes from a model call."""
     chunk = params.get("chunk")
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise UserError(f"plan 'digit_chunks': params.chunk must be a positive number of digits (got {chunk!r})")
-    a, b = str(task.payload["a"]), str(task.payload["b"])
+    a, b = str(payload["a"]), str(payload["b"])
     width = max(len(a), len(b))
     if width <= chunk:
-        (answer,) = yield [task]
+        (answer,) = yield [payload]
         return answer
     a, b = a.zfill(width)[::-1], b.zfill(width)[::-1]  # least significant digit first, to cut from the right
     edges = cuts(a, b, chunk)
     parts = [(a[lo:hi][::-1], b[lo:hi][::-1]) for lo, hi in zip(edges, edges[1:])]
-    plain = [family.derive({"a": int(x), "b": int(y)}) for x, y in parts]
-    carried = [family.derive({"a": int(x + "5"), "b": int(y + "5")}) for x, y in parts[1:]]
+    plain = [{"a": int(x), "b": int(y)} for x, y in parts]
+    carried = [{"a": int(x + "5"), "b": int(y + "5")} for x, y in parts[1:]]
     answers = yield plain + carried
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in answers):
         return None  # a call gave no answer: the plan has nothing to compose

@@ -7,7 +7,9 @@ which ``make demo`` measures with the real one.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -17,9 +19,9 @@ from rsi.errors import UserError
 from rsi.evaluate import expressible, solved
 from rsi.hcp import load_harness
 from rsi.models import Message, Task, Trajectory
-from rsi.plans import calls_with_gold, run_plans
+from rsi.plans import PlanRun, calls_with_gold, run_plans
 from rsi.proposers import propose
-from rsi.tasks import get_family
+from rsi.tasks import DERIVED_SEED, Plan, family_names, get_family
 from task_generators.addition import cuts
 
 FAMILY = get_family("addition")
@@ -64,63 +66,85 @@ def test_digit_chunks_compose_the_answer_from_right_calls_without_reading_it(chu
     plan = FAMILY.plans["digit_chunks"]
     for level in (1, chunk, chunk + 1, 13, 25):
         for task in FAMILY.tasks("train", 3, level, 20):
-            blind = task.model_copy(update={"answer": -1})  # the plan must not read the answer
-            program, calls = plan(blind, harness.plan["params"], FAMILY), []
-            try:
-                replies = next(program)
-                while True:
-                    calls += replies
-                    assert all(c.level <= chunk + 1 for c in replies)  # every call fits the chunk (+ its carry)
-                    replies = program.send([FAMILY.solve(c.payload) for c in replies])
-            except StopIteration as done:
-                assert done.value == task.answer, (task.payload, chunk)
+            rounds, answer = answered(plan, task.payload, harness.plan["params"], FAMILY.solve)
+            calls = [call for round_ in rounds for call in round_]
+            assert all(FAMILY.level_of(c) <= chunk + 1 for c in calls)  # every call fits the chunk (+ its carry)
+            assert answer == task.answer, (task.payload, chunk)
             assert len(calls) == 1 if level <= chunk else len(calls) >= -(-level // chunk)
 
 
-def test_a_plan_poses_levels_beyond_the_width_and_each_call_passes_the_audit(tmp_path) -> None:
-    v2, harness = load_harness("addition/v2"), chunked(tmp_path, 4)
-    assert not expressible(v2, FAMILY, 13) and expressible(harness, FAMILY, 13)
-    tasks = FAMILY.tasks("heldout", 0, 13, 16)
-    params = SamplingParams(max_new_tokens=12, n=1)
-    assert set(solved(tasks, harness, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {True}
-    assert set(solved(tasks, v2, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {False}
-    done = run_plans(tasks, harness, FAMILY, FakeAdder(), "pair-x", params)
-    for trajectory in done.trajectories:
-        call = done.tasks[trajectory.task_id]
-        assert call.level <= 5 and audit(trajectory, call, harness, FAMILY).passed
-    # a derived task is checked against its family like a drawn one: one claiming another answer is refused
-    call = next(iter(done.tasks.values()))
-    tampered = call.model_copy(update={"answer": call.answer + 1})
-    traj = next(t for t in done.trajectories if t.task_id == call.id)
-    traj = Trajectory.build(**{**traj.model_dump(exclude={"id"}), "task_id": tampered.id,
-                               "messages": (*traj.messages[:-1], Message(role="assistant", content=str(call.answer + 1)[::-1].ljust(11, "0")))})
-    verdict = audit(traj, tampered, harness, FAMILY)
-    assert not verdict.passed and "ids_consistent" in verdict.failed_rules()
+def answered(plan: Plan, payload: dict[str, Any], params: dict[str, Any],
+             gold: Callable[[dict[str, Any]], Any]) -> tuple[list[list[dict[str, Any]]], Any]:
+    """A plan's program run on ``payload`` with every call answered by ``gold``: its rounds of call payloads and
+    the answer it composes."""
+    program, rounds = plan(payload, params), []
+    try:
+        payloads = next(program)
+        while True:
+            rounds.append(payloads)
+            payloads = program.send([gold(p) for p in payloads])
+    except StopIteration as done:
+        return rounds, done.value
 
 
-def test_one_wrong_call_leaves_its_task_unsolved(tmp_path) -> None:
-    """The model errs only on additions of a ...7 and a ...3: exactly the tasks with such a call are unsolved
-    (a run counts only if every call it made passed its audit)."""
-    harness = chunked(tmp_path, 5)
-    tasks = FAMILY.tasks("heldout", 0, 12, 64)
-    got = solved(tasks, harness, FAMILY, FakeAdder(wrong=lambda a, b: (a % 10, b % 10) == (7, 3)), "pair-x",
-                 SamplingParams(max_new_tokens=12, n=1), None)
+def test_a_plan_answers_the_same_whatever_answer_its_task_carries(tmp_path) -> None:
+    """Through the runner, tasks whose answer is wrong get the same calls, replies and composed answers; a call
+    that poses its task whole is that task, the others are derived from their payloads alone."""
+    harness, params = chunked(tmp_path, 5), SamplingParams(max_new_tokens=12, n=2)
+    tasks = [t for level in (3, 5, 6, 12) for t in FAMILY.tasks("train", 2, level, 8)]
+    wrong = [t.model_copy(update={"answer": t.answer + 1}) for t in tasks]
+    right_backend, wrong_backend = FakeAdder(), FakeAdder()
+    right = run_plans(tasks, harness, FAMILY, right_backend, "pair-x", params)
+    blind = run_plans(wrong, harness, FAMILY, wrong_backend, "pair-x", params)
+    assert wrong_backend.prompts == right_backend.prompts
+    assert [p.answer for p in blind.paths] == [p.answer for p in right.paths]
+    assert all(FAMILY.verify(t, p.answer) for t, p in zip([t for t in tasks for _ in (0, 1)], right.paths))
+    assert [t.completion for t in blind.trajectories] == [t.completion for t in right.trajectories]
 
-    def erred(task: Task) -> bool:
-        return any((c.payload["a"] % 10, c.payload["b"] % 10) == (7, 3) for c in calls_with_gold(harness, FAMILY, task)[0])
+    def derived(run: PlanRun) -> dict[str, Task]:
+        return {i: t for i, t in run.tasks.items() if t.seed == DERIVED_SEED}
 
-    assert any(got.values()) and not all(got.values())
-    assert {t.id for t in tasks if not got[t.id]} == {t.id for t in tasks if erred(t)}
+    assert derived(blind) == derived(right) and derived(right)
+    assert set(blind.tasks) - set(derived(blind)) == {t.id for t in wrong if t.level <= 5}
 
 
-def test_the_calls_of_a_round_go_to_the_backend_in_one_batch(tmp_path) -> None:
-    harness, backend = chunked(tmp_path, 5), FakeAdder()
-    tasks = FAMILY.tasks("train", 1, 15, 10)
-    done = run_plans(tasks, harness, FAMILY, backend, "pair-x", SamplingParams(max_new_tokens=12, n=2))
-    # 15 digits at chunk 5: 3 parts, the 2 upper ones also with a carry in; every task's 2 runs, one batch
-    assert [len(p) for p in backend.prompts] == [10 * 2 * (3 + 2)]
-    assert [p.sample_index for p in done.paths] == [0, 1] * 10
-    assert all(FAMILY.verify(t, p.answer) for t, p in zip([t for t in tasks for _ in (0, 1)], done.paths))
+# Params to run each registered plan with (a plan missing here fails the test below, naming it).
+PLAN_PARAMS: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("addition", "digit_chunks"): [{"chunk": chunk} for chunk in (1, 3, 5)],
+}
+
+
+def test_no_plan_reads_an_answer_or_calls_its_family_while_answering(monkeypatch) -> None:
+    """Every registered family's plans, run again with the family's ``solve``, ``verify`` and ``make`` raising
+    (on the family and in its module), make the same calls and compose the same answers: a plan gets the payload
+    only and composes from its calls' replies."""
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a plan called its family's solve, verify or make while answering")
+
+    for family in (get_family(name) for name in family_names()):
+        if not family.plans:
+            continue
+        missing = [name for name in family.plans if (family.name, name) not in PLAN_PARAMS]
+        assert not missing, f"add params for {family.name}'s plans {missing} to PLAN_PARAMS"
+        gold = family.solve
+        runs = [(plan, task.payload, params) for name, plan in family.plans.items()
+                for params in PLAN_PARAMS[family.name, name]
+                for level in range(family.min_level, min(family.max_level, 12) + 1)
+                for task in family.tasks("train", 4, level, 5)]
+        expected = [answered(*run, gold) for run in runs]
+        assert all(answer == gold(payload) for (_, payload, _), (_, answer) in zip(runs, expected))
+        originals = {field: getattr(family, field) for field in ("solve", "verify", "make")}
+        try:
+            with monkeypatch.context() as m:
+                module = sys.modules[family.make.__module__]
+                for field, function in originals.items():
+                    object.__setattr__(family, field, forbidden)  # a frozen dataclass: put back below
+                    if getattr(module, function.__name__, None) is function:
+                        m.setattr(module, function.__name__, forbidden)
+                assert [answered(*run, gold) for run in runs] == expected
+        finally:
+            for field, function in originals.items():
+                object.__setattr__(family, field, function)
 
 
 @pytest.mark.parametrize(("plan", "error"), [
