@@ -73,6 +73,52 @@ def test_digit_chunks_compose_the_answer_from_right_calls_without_reading_it(chu
             assert len(calls) == 1 if level <= chunk else len(calls) >= -(-level // chunk)
 
 
+def test_a_plan_poses_levels_beyond_the_width_and_each_call_passes_the_audit(tmp_path) -> None:
+    v2, harness = load_harness("addition/v2"), chunked(tmp_path, 4)
+    assert not expressible(v2, FAMILY, 13) and expressible(harness, FAMILY, 13)
+    tasks = FAMILY.tasks("heldout", 0, 13, 16)
+    params = SamplingParams(max_new_tokens=12, n=1)
+    assert set(solved(tasks, harness, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {True}
+    assert set(solved(tasks, v2, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {False}
+    done = run_plans(tasks, harness, FAMILY, FakeAdder(), "pair-x", params)
+    for trajectory in done.trajectories:
+        call = done.tasks[trajectory.task_id]
+        assert call.level <= 5 and audit(trajectory, call, harness, FAMILY).passed
+    # a derived task is checked against its family like a drawn one: one claiming another answer is refused
+    call = next(iter(done.tasks.values()))
+    tampered = call.model_copy(update={"answer": call.answer + 1})
+    traj = next(t for t in done.trajectories if t.task_id == call.id)
+    traj = Trajectory.build(**{**traj.model_dump(exclude={"id"}), "task_id": tampered.id,
+                               "messages": (*traj.messages[:-1], Message(role="assistant", content=str(call.answer + 1)[::-1].ljust(11, "0")))})
+    verdict = audit(traj, tampered, harness, FAMILY)
+    assert not verdict.passed and "ids_consistent" in verdict.failed_rules()
+
+
+def test_one_wrong_call_leaves_its_task_unsolved(tmp_path) -> None:
+    """The model errs only on additions of a ...7 and a ...3: exactly the tasks with such a call are unsolved
+    (a run counts only if every call it made passed its audit)."""
+    harness = chunked(tmp_path, 5)
+    tasks = FAMILY.tasks("heldout", 0, 12, 64)
+    got = solved(tasks, harness, FAMILY, FakeAdder(wrong=lambda a, b: (a % 10, b % 10) == (7, 3)), "pair-x",
+                 SamplingParams(max_new_tokens=12, n=1), None)
+
+    def erred(task: Task) -> bool:
+        return any((c.payload["a"] % 10, c.payload["b"] % 10) == (7, 3) for c in calls_with_gold(harness, FAMILY, task)[0])
+
+    assert any(got.values()) and not all(got.values())
+    assert {t.id for t in tasks if not got[t.id]} == {t.id for t in tasks if erred(t)}
+
+
+def test_the_calls_of_a_round_go_to_the_backend_in_one_batch(tmp_path) -> None:
+    harness, backend = chunked(tmp_path, 5), FakeAdder()
+    tasks = FAMILY.tasks("train", 1, 15, 10)
+    done = run_plans(tasks, harness, FAMILY, backend, "pair-x", SamplingParams(max_new_tokens=12, n=2))
+    # 15 digits at chunk 5: 3 parts, the 2 upper ones also with a carry in; every task's 2 runs, one batch
+    assert [len(p) for p in backend.prompts] == [10 * 2 * (3 + 2)]
+    assert [p.sample_index for p in done.paths] == [0, 1] * 10
+    assert all(FAMILY.verify(t, p.answer) for t, p in zip([t for t in tasks for _ in (0, 1)], done.paths))
+
+
 def answered(plan: Plan, payload: dict[str, Any], params: dict[str, Any],
              gold: Callable[[dict[str, Any]], Any]) -> tuple[list[list[dict[str, Any]]], Any]:
     """A plan's program run on ``payload`` with every call answered by ``gold``: its rounds of call payloads and
