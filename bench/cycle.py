@@ -11,7 +11,6 @@ alone). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 
 def arm(name: str, profile: str, base: Path, root: Path) -> dict:
@@ -63,7 +63,8 @@ def main() -> None:
     from rsi.config import Settings
     from rsi.cycle import load_config
 
-    base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**load_config(args.profile).base_recipe))
+    config = load_config(args.profile)
+    base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**config.base_recipe))
     runs: dict[str, list[dict]] = {"flow": [], "direct": []}
     flow_started = time.perf_counter()
     runs["flow"].append(arm("flow", args.profile, base, root))
@@ -86,9 +87,7 @@ def main() -> None:
     result = {"profile": args.profile, "repeat": args.repeat, "flow": flow, "direct": direct, "runs": runs,
               "overhead_ratio": ratio,
               "flow_wall_with_startup": flow_wall, "cpus": os.cpu_count(), "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result, run_config(args, cycle_config=config.model_dump(mode="json")))
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -25,11 +25,11 @@ first when missing, ~3 min). Run:
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from generation import ENGINES, machine_info
+from generation import ENGINES
+from provenance import machine_info, run_config, write_result
 
 from rsi.backends.base import SamplingParams
 
@@ -154,9 +154,7 @@ def main() -> dict:
           f"({single['same_text']}/{single['prompts']} identical texts)")
     report = {"model": str(model_dir), "levels": levels, "tasks_per_level": args.tasks, "episodes": arms,
               "single_turn": single, "machine": machine_info(args.threads)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, report, run_config(args), args.threads)
     return report
 
 

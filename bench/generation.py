@@ -12,15 +12,14 @@ entry in ``ENGINES``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from provenance import machine_info, run_config, write_result
 
 from rsi.backends import GenerationBackend, SamplingParams
 
@@ -129,22 +128,6 @@ def run_engine(name: str, backend: GenerationBackend, prompts: list[str], params
     return arms
 
 
-def machine_info(threads: int | None) -> dict:
-    import torch
-    import transformers
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "threads_arg": threads,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "loadavg_1m": os.getloadavg()[0],  # other jobs on the machine make the numbers noisy
-    }
-
-
 def print_table(arms: list[ArmResult]) -> None:
     """Plain table: one line per engine and mode, plus batched/sequential per engine."""
     print(f"{'engine':<10}{'mode':<12}{'prompts':>8}{'new tok':>9}{'seconds':>9}{'tok/s':>10}")
@@ -200,15 +183,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "batched_over_hf": versus_hf(arms),
         "machine": machine_info(args.threads),
     }
-    write_report(args.out, report)
+    write_result(args.out, report, run_config(args), args.threads)
     return report
-
-
-def write_report(out: Path, report: dict) -> None:
-    """A benchmark's JSON, where --out says (its folder made)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

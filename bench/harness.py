@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 
 def cpu_seconds() -> float:
@@ -121,9 +122,7 @@ def main() -> None:
           f"search/frozen = {verdict['cpu_per_level_ratio']}")
     out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "arms": results,
            "verdict": verdict, "command": "python bench/harness.py " + " ".join(sys.argv[1:])}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, out, run_config(args))
 
 
 if __name__ == "__main__":

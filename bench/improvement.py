@@ -54,6 +54,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 ARMS = ("base", "lineage", "control", "label_free", "upper_bound")
 # two-sided 95 % quantiles of Student's t, df = 1..30 (beyond: 1.96)
@@ -300,7 +301,8 @@ def main() -> None:
             print(f"resuming: seeds {[s['seed'] for s in per_seed]} already finished in {partial}")
     for s in range(len(per_seed), args.seeds):
         per_seed.append(run_seed(args.profile, s, args.generations, root))
-        partial.write_text(json.dumps({"profile": args.profile, "generations": args.generations, "per_seed": per_seed}))
+        write_result(partial, {"profile": args.profile, "generations": args.generations, "per_seed": per_seed},
+                     run_config(args))
     levels = sorted(per_seed[0]["scores"]["base"])
     summary = {arm: {lvl: across_seeds(per_seed, arm, lvl) for lvl in levels} for arm in ARMS}
 
@@ -319,10 +321,8 @@ def main() -> None:
               "arms": list(ARMS), "seeds": list(range(args.seeds)), "rounds": rounds,
               "steps_per_round": config.train.steps, "eval_n": config.eval_n, "split": "test",
               "per_seed": per_seed, "mean": summary, "wall_seconds": seconds, "cpus": os.cpu_count()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result, run_config(args, cycle_config=config.model_dump(mode="json")))
     partial.unlink(missing_ok=True)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

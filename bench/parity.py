@@ -9,7 +9,6 @@ identical token counts and finish reasons, and lists any difference. Prints a ta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 
 def prompts(n: int) -> list[str]:
@@ -74,9 +74,7 @@ def main() -> None:
             for d in r["diffs"]:
                 print(f"    differs: {d}")
     print(f"engine load {load_s:.1f} s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result, run_config(args))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-from generation import machine_info, write_report
+from provenance import machine_info, run_config, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "serve.json"
@@ -462,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "proxy_over": rows,
         "machine": machine_info(None),
     }
-    write_report(args.out, report)
+    write_result(args.out, report, run_config(args))
     return report
 
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from generation import machine_info, write_report
+from provenance import machine_info, run_config, write_result
 from serve import proxy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
               "specialists": {n: {"lineage": c.specialist.lineage, "generation": c.generation, "harness": c.harness.id,
                                   "base": str(c.base_dir)} for n, c in champions.items()},
               "per_level": table, "checks": checks, "requests": rows, "machine": machine_info(None)}
-    write_report(args.out, report)
+    write_result(args.out, report, run_config(args))
     return report
 
 

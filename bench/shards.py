@@ -13,7 +13,6 @@ alternate ``--repeat`` times and each stage keeps its fastest time. Prints a mar
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -25,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 STAGES = ("execute", "audit", "evaluate")
 
 
@@ -125,9 +125,7 @@ def main() -> None:
               "warm_up_s": warm_up, "tasks": len(tasks), "samples": params.n, "eval_levels": levels,
               "eval_n": config.eval_n, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
               "ray": ray.__version__, "python": platform.python_version()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result, run_config(args, cycle_config=config.model_dump(mode="json")))
     shutil.rmtree(root, ignore_errors=True)
 
 

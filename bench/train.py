@@ -26,7 +26,6 @@ accuracy is measured once per arm and seed. Prints a markdown table and writes J
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 ARMS = ("loop", "trl")
 
@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run.backend.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result, run_config(args), args.threads)
     return result
 
 

@@ -4,7 +4,7 @@
 (fresh labels only for 1..3, at widths --replay_widths; own verified pools for 4..L-1 at W). Eval 256/level."""
 import argparse, json, time
 import numpy as np, torch
-from rw import OUT, evaluate, fit, fresh, log, render, sample_verified, add_lora
+from rw import OUT, evaluate, fit, fresh, log, log_start, render, sample_verified, add_lora
 
 
 def run_ei(model, w, max_level, gens, logf, fmt="pad", replay_widths=None, pools=None, seed=0, steps=100,
@@ -88,7 +88,7 @@ if __name__ == "__main__":
     rws = None if not rw_ else (list(range(*[int(x) + i for i, x in enumerate(rw_.split("-"))])) if "-" in rw_
                                  else [int(x) for x in rw_.split(",")])
     logf = OUT / f"{args.name}.log"
-    log(logf, tag="start", args=vars(args))
+    log_start(logf, args)
     pools, acc, hist = run_ei(model, args.width, args.max_level, args.gens, logf, args.fmt, rws, pools=pools0)
     model.save_pretrained(OUT / args.name)
     (OUT / f"{args.name}.pools.json").write_text(json.dumps({k: v for k, v in pools.items()}))

@@ -3,7 +3,7 @@ use fresh labels: --fresh13), constant lr after 10 warmup steps, eval per level 
 continue expert iteration at the new width."""
 import argparse, json, time
 import numpy as np, torch
-from rw import OUT, add_lora, evaluate, fit, fresh, log, render, sample_verified
+from rw import OUT, add_lora, evaluate, fit, fresh, log, log_start, render, sample_verified
 from ei import run_ei
 
 ap = argparse.ArgumentParser()
@@ -26,7 +26,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 torch.manual_seed(0)
 logf = OUT / f"{args.name}.log"
-log(logf, tag="start", args=vars(args))
+log_start(logf, args)
 model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
 if args.adapter:
     model = PeftModel.from_pretrained(model, args.adapter, is_trainable=True)

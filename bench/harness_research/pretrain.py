@@ -2,7 +2,7 @@
 the width W is drawn per step (whole batch one W) uniformly from --widths."""
 import argparse, json, time
 import numpy as np, torch
-from rw import OUT, build_base, fit, evaluate, fresh, log
+from rw import OUT, build_base, fit, evaluate, fresh, log, log_start
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--widths", default="8-20")
@@ -20,7 +20,7 @@ model = build_base(args.seed)
 rng = np.random.default_rng([0x7EA1, args.seed])
 probs = np.array([1, 2, 4]) / 7
 logf = OUT / f"{args.name}.log"; OUT.mkdir(exist_ok=True)
-log(logf, tag="start", args=vars(args))
+log_start(logf, args)
 
 def batch(step):
     w = int(rng.choice(widths))

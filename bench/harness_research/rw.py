@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,9 @@ import torch.nn.functional as F
 
 from rsi.basemodel import (BOS_ID, DIGIT0_ID, EOS_ID, EQ_ID, PAD_ID, PLUS_ID, VOCAB, BaseRecipe, _add_digits,
                            _build_model, _generate, digits_to_int, sample_operands)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.provenance import provenance  # noqa: E402 (after the path it needs)
 
 import os
 torch.set_num_threads(int(os.environ.get("RW_THREADS", "2")))
@@ -34,6 +38,11 @@ def log(f, **kw):
     if f:
         with open(f, "a") as fh:
             fh.write(line + "\n")
+
+
+def log_start(f, args) -> None:
+    """A run's first record: its arguments and their provenance (commit, clean tree, config digest, machine)."""
+    log(f, tag="start", args=vars(args), provenance=provenance(vars(args)))
 
 
 # ---------------------------------------------------------------- encoding

@@ -1,0 +1,79 @@
+"""Where a benchmark result came from: the commit, whether the code was committed, the config and the machine.
+
+Every bench script writes its result JSON with ``write_result``, which adds a ``provenance`` block: a number in
+the README can then be traced to the code, config and machine that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rsi.hashing import digest
+
+REPO = Path(__file__).resolve().parent.parent
+# The code a result depends on; outputs under it (result files, research models and logs) are not code.
+CODE_PATHS = ("rsi", "flows", "task_generators", "bench", "harness_versions", "pyproject.toml",
+              ":(exclude)bench/results", ":(exclude)bench/harness_research/results",
+              ":(exclude)bench/harness_research/out")
+
+
+def machine_info(threads: int | None) -> dict:
+    """The CPUs, library versions, torch threads (and the --threads asked for) and load a number was measured under."""
+    import torch
+    import transformers
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "threads_arg": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1m": os.getloadavg()[0],  # other jobs on the machine make the numbers noisy
+    }
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """git's stdout in ``root``, or None where git is missing or ``root`` is not in a repository."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def run_config(args: argparse.Namespace, **more: Any) -> dict:
+    """A script's arguments as its config (``--out`` left out: where a result goes is not how it was made)."""
+    return {k: v for k, v in vars(args).items() if k != "out"} | more
+
+
+def provenance(config: dict | None = None, threads: int | None = None, root: Path = REPO) -> dict:
+    """The commit of ``root``'s repository, whether its code paths were clean, the config's digest, the machine."""
+    commit = _git(root, "rev-parse", "HEAD")
+    status = _git(root, "status", "--porcelain", "--", *CODE_PATHS) if commit else None
+    # default=str: argument values such as Path are digested by their text
+    config_digest = None if config is None else digest(json.loads(json.dumps(config, default=str)))
+    return {"commit": commit.strip() if commit else None, "clean": status == "", "config_digest": config_digest,
+            "machine": machine_info(threads), "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def write_result(path: Path | str, payload: dict, config: dict | None = None, threads: int | None = None) -> None:
+    """``payload`` plus its ``provenance`` as indented JSON at ``path`` (folder made), replaced atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload | {"provenance": provenance(config, threads)}, indent=2) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then atomic
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {path}")

@@ -1,0 +1,99 @@
+"""bench/provenance.py: every result JSON of bench/ says its commit, whether the code was clean, its config, machine."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bench.provenance import provenance, write_result
+from rsi.hashing import digest
+
+REPO = Path(__file__).resolve().parent.parent
+MACHINE_FIELDS = {"cpu_count", "torch", "transformers", "torch_threads", "threads_arg", "platform", "python",
+                  "loadavg_1m"}
+# JSON a bench script may write itself: data it reads back, not a result
+NOT_RESULTS = {"bench/harness_research/ei.py": "pools.json, ei.py's and migrate.py's --pools input"}
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+                    *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A tiny repository with one committed file under rsi/ and one under bench/results/."""
+    for name in ("rsi/core.py", "bench/results/x.json"):
+        (tmp_path / name).parent.mkdir(parents=True)
+        (tmp_path / name).write_text("0\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    return tmp_path
+
+
+def test_this_repo_gives_its_commit_the_config_digest_and_the_machine():
+    got = provenance({"profile": "tiny", "out": Path("x")}, threads=3)
+    assert re.fullmatch(r"[0-9a-f]{40}", got["commit"])
+    assert isinstance(got["clean"], bool)
+    assert got["config_digest"] == digest({"profile": "tiny", "out": "x"})  # a Path is digested by its text
+    assert set(got["machine"]) == MACHINE_FIELDS and got["machine"]["threads_arg"] == 3
+    assert datetime.fromisoformat(got["recorded_at"]).utcoffset().total_seconds() == 0
+    assert provenance()["config_digest"] is None
+
+
+def test_clean_until_code_changes_and_results_do_not_count(repo: Path):
+    assert provenance(root=repo)["clean"] is True
+    (repo / "bench/results/x.json").write_text("1\n")  # a result written by an earlier run is not code
+    (repo / "notes.txt").write_text("outside the code paths\n")
+    assert provenance(root=repo)["clean"] is True
+    (repo / "rsi/core.py").write_text("1\n")
+    dirty = provenance(root=repo)
+    assert dirty["clean"] is False
+    git(repo, "commit", "-q", "-am", "second")
+    (repo / "rsi/new.py").write_text("")  # untracked code counts too
+    assert provenance(root=repo)["clean"] is False
+    assert re.fullmatch(r"[0-9a-f]{40}", dirty["commit"])
+
+
+def test_no_repository_or_no_git_gives_no_commit_and_not_clean(tmp_path: Path, monkeypatch):
+    assert (provenance(root=tmp_path)["commit"], provenance(root=tmp_path)["clean"]) == (None, False)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    got = provenance()
+    assert (got["commit"], got["clean"]) == (None, False)
+
+
+def test_write_result_adds_provenance_and_leaves_no_temporary_file(tmp_path: Path):
+    out = tmp_path / "new" / "r.json"
+    write_result(out, {"ratio": 1.5, "levels": {1: 0.5}}, config={"n": 2}, threads=1)
+    written = json.loads(out.read_text())
+    assert written["ratio"] == 1.5 and written["levels"] == {"1": 0.5}
+    assert written["provenance"]["config_digest"] == digest({"n": 2})
+    assert written["provenance"]["machine"]["threads_arg"] == 1
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]
+    with pytest.raises(TypeError):  # a result that cannot be written leaves the last one whole
+        write_result(out, {"ratio": object()})
+    assert json.loads(out.read_text()) == written and [p.name for p in out.parent.iterdir()] == ["r.json"]
+
+
+def test_every_bench_script_writes_its_results_through_write_result():
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "bench").rglob("*.py"))}
+    sources.pop("bench/provenance.py")
+    writes_json = re.compile(r"json\.dump\(|write_text\(json\.dumps|open\([^)]*['\"]w")
+    own = [name for name, src in sources.items() if writes_json.search(src) and name not in NOT_RESULTS]
+    assert own == [], "write result JSON with bench/provenance.py's write_result, which adds its provenance"
+    names_results = [name for name, src in sources.items() if re.search(r"[\"/]results[\"/]", src)]
+    assert len(names_results) >= 11
+    assert [name for name in names_results if "write_result(" not in sources[name]] == []
+    research = {name: src for name, src in sources.items() if name.startswith("bench/harness_research/")}
+    assert [name for name, src in research.items() if 'tag="start"' in src] == ["bench/harness_research/rw.py"], \
+        "a research run's start record goes through rw.log_start, which adds its provenance"
