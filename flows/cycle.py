@@ -26,7 +26,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,16 @@ from rsi.cycle import (  # noqa: E402
     Registered, Searched, Selected, Trained, current_run, fault_point, holding_lease, latest_harness, load_config,
     open_run,
 )
+from rsi.decomposition import Decomposition, decompose_levels, over_no_training  # noqa: E402
+from rsi.decomposition import metrics as gain_metrics  # noqa: E402
+from rsi.decomposition import rows as gain_rows  # noqa: E402
 from rsi.errors import RsiError  # noqa: E402
+from rsi.evaluate import evaluation_tasks  # noqa: E402
 from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.hcp import Harness  # noqa: E402
+from rsi.plans import calls_with_gold, poses  # noqa: E402
 from rsi.migrate import changes_format, rerender  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
@@ -384,23 +389,28 @@ def evaluate_gate(config: CycleConfig, number: int, champ: Champion, found: Disc
     gen = run.generation_row(number)
 
     def body() -> Judged:
-        return judge(run, gen, champ, found, run.harness_of(champ), trained.adapter_hash, trained.adapter_dir, attempt)
+        return judge(run, gen, champ, found, harness, trained.adapter_hash, trained.adapter_dir)
 
-    attempt = run.attempt(champ.pair_id, gen.number)
+    harness = run.harness_of(champ)
+    attempt = run.attempt(champ.pair_id, run.pair(trained.adapter_hash, harness).id, gen.number)
     inputs = {"adapter": trained.adapter_hash, "parent": champ.pair_id, "attempt": attempt,
               "champions": run.champion_pairs()}
     return run.run_stage(gen, "evaluate", inputs, body)
 
 
 def judge(run: LineageRun, gen: Generation, champ: Champion, found: Discovered, harness: Harness,
-          adapter_hash: str | None, adapter_dir: str | None, attempt: int) -> Judged:
+          adapter_hash: str | None, adapter_dir: str | None) -> Judged:
     """The candidate pair (adapter, harness) against the champion on the same held-out tasks, level by level,
-    by the gate's paired rules. A level a harness cannot pose counts as unsolved for that pair; the targets are
-    the levels the curriculum aimed at, or, for a candidate harness, the levels only it can pose."""
+    by the gate's paired rules, at the candidate's number among those gated against this champion
+    (``LineageRun.attempt``). Every level either harness can pose is compared, and a level one harness cannot
+    pose counts as unsolved for its pair; the targets are the levels the curriculum aimed at, or, for a
+    candidate harness, the levels only it can pose."""
     candidate = run.pair(adapter_hash, harness)
     run.save_pair(candidate, adapter_dir, champ.pair_id)
+    attempt = run.attempt(champ.pair_id, candidate.id, gen.number)
     reached = [*found.accuracy, *found.frontier_levels, *found.unposable]
-    levels = list(range(1, min(max(reached) + 1, run.max_level(harness)) + 1))
+    posed = max(run.max_level(harness), run.max_level(run.harness_of(champ)))
+    levels = list(range(1, min(max(reached), posed) + 1))
     parent_scores = run.scores(champ, champ.adapter_dir, levels, gen.id)
     cand_scores = run.scores(candidate, adapter_dir, levels, gen.id)
     best = run.best_scores(levels)
@@ -444,7 +454,7 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
         migration = store_migration_set(run, gen)
         adapter_hash = run.load_pair(champ.pair_id).adapter_hash
         candidates: list[HarnessCandidate] = []
-        for attempt, (proposal, harness) in enumerate(zip(proposals, harnesses, strict=True), start=1):
+        for proposal, harness in zip(proposals, harnesses, strict=True):
             log.info("generation %d: candidate harness %s: %s", gen.number, harness.id, proposal.why)
             migrate = changes_format(parent, harness)
             if migrate and not migration.size:
@@ -456,7 +466,7 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
                 continue
             trained = migrate_to(run, gen, champ, harness, migration) if migrate else \
                 keep_adapter(run, gen, champ, harness, adapter_hash)
-            judged = judge(run, gen, champ, found, harness, trained.adapter_hash, trained.adapter_dir, attempt)
+            judged = judge(run, gen, champ, found, harness, trained.adapter_hash, trained.adapter_dir)
             log.info("generation %d: candidate harness %s %s (p=%.3g): %s", gen.number, harness.id,
                      "beats the champion" if judged.decision.promote else "rejected", judged.decision.p_value,
                      {k: round(v, 3) for k, v in judged.candidate.items()})
@@ -577,6 +587,58 @@ def register(config: CycleConfig, number: int, champ: Champion, selected: Select
     return result
 
 
+def decompose(run: LineageRun, gen: Generation, champ: Champion, trained: Trained, judged: Judged) -> Decomposition:
+    """The candidate's gain over the champion split into its weights', its harness's and their interaction, with
+    the base under the candidate's harness as the no-training reference (``rsi.decomposition``): the five pairs
+    on the held-out tasks the gate judged and on the test split's, each level. Stored as a ``decompose`` result,
+    so asking again costs nothing; scores are cached per pair, so a pair scored before is not scored again."""
+    candidate, parent = run.load_pair(judged.candidate_pair_id), run.load_pair(champ.pair_id)
+    harness, parent_harness = run.harness_of(candidate), run.harness_of(champ)
+    arms = {"parent": (parent, champ.adapter_dir), "candidate": (candidate, trained.adapter_dir),
+            "adapter_only": (run.pair(candidate.adapter_hash, parent_harness), trained.adapter_dir),
+            "harness_only": (run.pair(parent.adapter_hash, harness), champ.adapter_dir),
+            "base": (run.pair(None, harness), None)}
+
+    def body() -> Decomposition:
+        for pair, adapter_dir in arms.values():
+            run.save_pair(pair, adapter_dir, None)  # a no-op for the parent and the candidate
+        splits = {}
+        for split in ("heldout", "test"):
+            scored = {name: run.scores(pair, adapter_dir, list(judged.levels), gen.id, split)
+                      for name, (pair, adapter_dir) in arms.items()}
+            clean = clean_tasks(run, harness, judged.levels) if split == "test" and harness.document.plan else None
+            splits[split] = decompose_levels(scored["parent"], scored["adapter_only"], scored["harness_only"],
+                                             scored["candidate"], scored["base"], clean)
+        return Decomposition(parent_pair_id=champ.pair_id, candidate_pair_id=candidate.id,
+                             parent_harness=parent_harness.id, harness=harness.id, splits=splits)
+
+    return run.run_stage(gen, "decompose", {"parent": champ.pair_id, "candidate": candidate.id}, body)
+
+
+def clean_tasks(run: LineageRun, harness: Harness, levels: Sequence[int]) -> dict[int, list[bool]]:
+    """Per level, per test task in evaluation order: whether none of the calls the harness's plan makes for it
+    lies in the train split (a task the harness cannot pose makes no call)."""
+    tasks, _ = evaluation_tasks(harness, run.family, levels, run.config.eval_n, lineage_seed=run.config.seed, k=1,
+                                split="test")
+    out: dict[int, list[bool]] = defaultdict(list)
+    for task in tasks:
+        calls = calls_with_gold(harness, run.family, task)[0] if poses(harness, run.family, task) else []
+        out[task.level].append(all(call.split != "train" for call in calls))
+    return dict(out)
+
+
+def log_decomposition(run: LineageRun, run_id: str, decomposition: Decomposition) -> None:
+    """Its metrics on the version's run, a table per split (browsable in the MLflow UI) and the whole of it."""
+    client = run.registry.client
+    for name, value in gain_metrics(decomposition).items():
+        client.log_metric(run_id, name, value)
+    for split in decomposition.splits:
+        table = gain_rows(decomposition, split)
+        client.log_table(run_id, {key: [row.get(key) for row in table] for key in table[0]} if table else {},
+                         f"decomposition-{split}.json")
+    client.log_dict(run_id, decomposition.model_dump(mode="json"), "decomposition.json")
+
+
 def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_digest: str, trained: Trained,
                   judged: Judged, why: str = "", adopted: bool = True) -> tuple[str, str]:
     """One candidate pair as an MLflow model version (adapter + harness, base referenced) with the lineage's
@@ -605,6 +667,10 @@ def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_dig
     if judged.decision.promote and not adopted:
         tags["gate_note"] = "passed the gate; another candidate of the search scored higher and was adopted"
     tags |= {f"acc_level_{level}": f"{acc:.4f}" for level, acc in judged.candidate.items()}
+    decomposition = decompose(run, gen, champ, trained, judged)
+    log_decomposition(run, run_id, decomposition)
+    if (over := over_no_training(decomposition)) is not None:
+        tags["test_over_no_training"] = f"{over:+.4f}"
     return run.registry.create_version(run_id, model_uri, tags), model_uri
 
 
@@ -694,7 +760,8 @@ def generation(config: CycleConfig, number: int, *, direct: bool = False,
     trained = call(train, champ, selected)
     judged = call(evaluate_gate, champ, found, trained)
     registered = call(register, champ, selected, trained, judged, searched)
-    summary = summarize(number, found, executed, audited, selected, trained, judged, registered) | {"seconds": seconds}
+    summary = summarize(number, found, executed, audited, selected, trained, judged, registered) | {
+        "seconds": seconds, "gains": gains(run, number, champ, trained, judged)}
     if searched is not None:
         summary["harness_candidates"] = tried_harnesses(searched)
     log.info("generation %d: %s (p=%.3g); accuracy %s", number, summary["gate"], summary["p_value"],
@@ -726,10 +793,16 @@ def harness_generation(run: LineageRun, number: int, champ: Champion, found: Dis
                "candidate": {str(k): round(v, 3) for k, v in judged.candidate.items()},
                "parent": {str(k): round(v, 3) for k, v in judged.parent.items()},
                "train_seconds": trained.seconds, "harness": chosen.harness_id,
-               "harness_candidates": tried_harnesses(searched)}
+               "harness_candidates": tried_harnesses(searched), "gains": gains(run, number, champ, trained, judged)}
     if not judged.decision.promote and not found.plan:
         summary["stopped"] = "the harness cannot pose the next level and no candidate harness beat the champion"
     return summary
+
+
+def gains(run: LineageRun, number: int, champ: Champion, trained: Trained, judged: Judged) -> dict[str, Any]:
+    """The registered candidate's gain decomposition (stored when it was registered), rows per split."""
+    decomposition = decompose(run, run.generation_row(number), champ, trained, judged)
+    return {split: gain_rows(decomposition, split) for split in decomposition.splits}
 
 
 def tried_harnesses(searched: Searched) -> list[dict[str, Any]]:
@@ -762,6 +835,11 @@ def publish(run: LineageRun, summary: dict[str, Any]) -> None:
     table.append({"level": "counts", "parent": f"tasks {summary['tasks']}, trajectories {summary['trajectories']}",
                   "candidate": f"passed {summary['passed']}, selected {summary['selected']}"})
     create_table_artifact(table, key=key, description=f"generation {summary['generation']}: accuracy per level")
+    if summary.get("gains", {}).get("test"):
+        create_table_artifact(summary["gains"]["test"], key=f"{key}-gains", description=(
+            f"generation {summary['generation']}: the candidate's gain over its parent on the test split, split into "
+            "weights (new adapter, old harness), harness (old adapter, new harness) and their interaction, beside "
+            "the base under the candidate's harness (no training anywhere); 95 % intervals"))
     with run.store.session() as s:
         blame = load_attribution(s, run.generation_row(summary["generation"]).id)
     if blame:

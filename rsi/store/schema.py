@@ -196,6 +196,24 @@ class AttributionRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class GateAttempt(Base):
+    """The gate's alpha-spending counter: the r-th distinct candidate judged against a parent pair spends
+    ``alpha_r`` (``rsi.gate.attempt_alpha``), whether a harness search or an ordinary generation made it. A
+    candidate judged again (a restarted run) keeps its number, so a restart spends nothing more."""
+
+    __tablename__ = "rsi_gate_attempts"
+    __table_args__ = (UniqueConstraint("lineage", "parent_pair_id", "candidate_pair_id"),
+                      UniqueConstraint("attempt", "parent_pair_id", "lineage"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    lineage: Mapped[str] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="CASCADE"), index=True)
+    parent_pair_id: Mapped[str] = mapped_column(String(64))
+    candidate_pair_id: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int]
+    generation: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class HarnessRow(Base):
     """A harness version locked to its content hash at first use: the same id@version never changes."""
 
