@@ -52,6 +52,8 @@ app.add_typer(router_app, name="router")
 
 PROFILE = typer.Option(None, "--profile", help="configuration profile: demo (addition), sorting, or tiny for smoke "
                        "tests; default: the family's own profile if it has one, else demo")
+BASE_SEED = typer.Option(None, "--base-seed", help="the built-in base's training seed (base_recipe.seed); default: "
+                         "the profile's (demo: 2, chosen as the best of seeds 0-2)")
 SETS = typer.Option([], "--set", metavar="KEY=VALUE", help="override a config field, e.g. --set train.steps=60 "
                     "(dotted keys, JSON values; repeatable)")
 
@@ -320,7 +322,7 @@ def _reaudit(lineage: str, harness, as_json: bool) -> None:
 
 @base_app.command("build")
 def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, help="rebuild even if cached"),
-               sets: list[str] = SETS) -> None:
+               base_seed: int | None = BASE_SEED, sets: list[str] = SETS) -> None:
     """Train the tiny built-in base model on the lowest levels (cached by a hash of its recipe)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -328,7 +330,7 @@ def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, 
     from rsi.config import get_settings
     from rsi.cycle import load_config, parse_sets, profile_for
 
-    recipe = BaseRecipe(**load_config(profile_for(profile), **parse_sets(sets)).base_recipe)
+    recipe = BaseRecipe(**load_config(profile_for(profile), **with_base_seed(parse_sets(sets), base_seed)).base_recipe)
     columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("loss {task.fields[loss]:.4f}"), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=out, transient=True) as bar:
@@ -352,6 +354,13 @@ def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, 
               f"built in {report['build_seconds']:.0f} s wall")
 
 
+def with_base_seed(sets: dict[str, Any], base_seed: int | None) -> dict[str, Any]:
+    """``--set`` overrides with ``--base-seed`` merged in as ``base_recipe.seed``."""
+    if base_seed is None:
+        return sets
+    return {**sets, "base_recipe": {**sets.get("base_recipe", {}), "seed": base_seed}}
+
+
 @app.command("eval")
 def eval_cmd(
     adapter: Path | None = typer.Option(None, "--adapter", help="a LoRA adapter directory (default: the base)"),
@@ -362,6 +371,9 @@ def eval_cmd(
     lineage: str | None = typer.Option(None, "--lineage", help="evaluate this lineage's champion (its adapter)"),
     harness_ref: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/smollm2-v1) or directory; "
                                            "default: the profile's"),
+    references: bool = typer.Option(False, "--references", help="with --lineage: the champion beside the base under "
+                                    "the lineage's starting harness, the base under the champion's harness and the "
+                                    "champion's adapter under the starting harness"),
     profile: str | None = PROFILE,
 ) -> None:
     """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
@@ -397,13 +409,22 @@ def eval_cmd(
     if base_hash is not None and model_hash(base) != base_hash:
         raise UserError(f"lineage {lineage!r}: its champion was trained on another base than {base} (hash "
                         f"{base_hash[:12]}); drop --profile, or rebuild that base with the lineage's profile")
-    pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
-                harness_id=harness.id, harness_hash=harness.hash)
+    if references and lineage is None:
+        raise UserError("--references compares a lineage's champion with its references: pass --lineage NAME")
     family = get_family(harness.document.family)
-    posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
     backend = get_backend("hf", model_dir=base)
-    scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
-                      adapter=str(adapter) if adapter else None, k=k, split=split)  # type: ignore[arg-type]
+
+    def scores_of(harness, adapter: Path | None) -> dict[int, Any]:
+        pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
+                    harness_id=harness.id, harness_hash=harness.hash)
+        posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
+        return {sc.level: sc for sc in evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
+                                                adapter=str(adapter) if adapter else None, k=k, split=split)}  # type: ignore[arg-type]
+
+    if references:
+        return print_references(lineage, load_harness(spec["harness"]), harness, adapter, wanted, split, scores_of)
+    scores = list(scores_of(harness, adapter).values())
+    posable = [sc.level for sc in scores]
     what = "greedy" if k == 1 else f"pass@{k}"
     table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} ({split} split)")
     for sc in scores:
@@ -411,6 +432,28 @@ def eval_cmd(
     for level in sorted(set(wanted) - set(posable)):
         table.add_row(str(level), "-", "-", f"not posable: {harness.id}'s format is too narrow")
     out.print(table)
+
+
+def print_references(lineage: str, start, harness, adapter: Path, levels: list[int], split: str, scores_of) -> None:
+    """The champion beside what it is made of: the untrained base under the lineage's starting harness and under
+    the champion's, and the champion's adapter under the starting harness; then, per level, what the weights
+    added (champion minus the base under the champion's harness) and what the harness added (the base under the
+    champion's harness minus the base under the starting one). A level a harness cannot pose scores 0."""
+    arms = {f"base, {start.id}": (start, None), f"base, {harness.id}": (harness, None),
+            f"adapter, {start.id}": (start, adapter), f"champion ({harness.id})": (harness, adapter)}
+    scored = {name: scores_of(h, a) for name, (h, a) in arms.items()}
+    acc = {name: {lvl: (s[lvl].accuracy if lvl in s else 0.0) for lvl in levels} for name, s in scored.items()}
+    base_start, base_h, _, champion = acc.values()
+    table = Table("level", *arms, "weights' gain", "harness's gain",
+                  title=f"{lineage}: the champion and its references ({split} split; '-': not posable, counts 0)")
+    for lvl in levels:
+        cells = [f"{acc[name][lvl]:.3f}" if lvl in scored[name] else "-" for name in arms]
+        table.add_row(str(lvl), *cells, f"{champion[lvl] - base_h[lvl]:+.3f}", f"{base_h[lvl] - base_start[lvl]:+.3f}")
+    out.print(table)
+    mean = {name: sum(a.values()) / len(levels) for name, a in acc.items()}
+    out.print(f"mean over levels {levels[0]}-{levels[-1]}: " + ", ".join(f"{name} {m:.3f}" for name, m in mean.items())
+              + f"; weights' gain {mean[list(arms)[3]] - mean[list(arms)[1]]:+.3f}, harness's gain "
+              f"{mean[list(arms)[1]] - mean[list(arms)[0]]:+.3f}")
 
 
 def champion_pair(lineage: str) -> tuple[Path, Any, dict[str, Any], str]:
@@ -453,6 +496,7 @@ def run_cmd(
                                       "and evaluation in shards on RAY_ADDRESS, a `ray start --head`, else a Ray "
                                       "started for the run; pip install 'rsi[ray]')"),
     shards: int | None = typer.Option(None, "--shards", min=0, help="ray: shards per stage (0: one per Ray CPU)"),
+    base_seed: int | None = BASE_SEED,
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -464,7 +508,8 @@ def run_cmd(
 
     # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
     harness = harness or (None if "harness" in PROFILES.get(profile or "", {}) else latest_harness(family))
-    config = load_config(profile_for(profile, family), **{**parse_sets(sets), "lineage": lineage or family, "family": family, "seed": seed,
+    config = load_config(profile_for(profile, family), **{**with_base_seed(parse_sets(sets), base_seed),
+                                     "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
@@ -487,6 +532,47 @@ def lineage_show(name: str = typer.Argument(..., help="lineage name")) -> None:
     show_lineage(name)
 
 
+@lineage_app.command("explain")
+def lineage_explain(
+    name: str = typer.Argument(..., help="lineage name"),
+    version: str | None = typer.Option(None, "--version", help="one model version (default: every version)"),
+    split: str = typer.Option("test", "--split", help="test (reported) or heldout (what the gate saw)"),
+) -> None:
+    """Each version's gain over its parent per level, split into weights (its adapter under the parent's harness),
+    harness (the parent's adapter under its harness) and their interaction, beside the base under its harness
+    (no training anywhere), with 95 % intervals. Read from the versions' MLflow runs."""
+    from rsi.config import get_settings
+    from rsi.decomposition import rows
+    from rsi.errors import UserError
+    from rsi.lineage import LineageRegistry
+
+    if split not in ("test", "heldout"):
+        raise UserError(f"--split {split!r}: expected test or heldout")
+    registry = LineageRegistry(get_settings(), name)
+    versions = registry.versions()
+    if not versions:
+        raise UserError(f"lineage {name!r} has no versions in {registry.uri}; run `rsi run` first")
+    if version is not None:
+        versions = [v for v in versions if v.version == version]
+        if not versions:
+            raise UserError(f"lineage {name!r} has no version {version!r}; `rsi lineage show {name}` lists them")
+    for v in versions:
+        decomposition = registry.decomposition(v)
+        title = (f"{name} version {v.version} (generation {v.tags.get('generation', '?')}, {v.tags.get('gate', '?')}): "
+                 f"harness {v.tags.get('harness_id', '?')}, parent version {v.tags.get('parent_version', '?')}")
+        if decomposition is None:
+            out.print(f"{title}: no decomposition stored (registered before rsi decomposed gains)")
+            continue
+        table_rows = rows(decomposition, split)
+        table = Table(*(table_rows[0] if table_rows else ["level"]), title=f"{title}; {split} split")
+        for row in table_rows:
+            table.add_row(*(str(value) for value in row.values()))
+        out.print(table)
+    out.print("weights = acc(C, h) - acc(P, h); harness = acc(P, H) - acc(P, h); interaction = the rest of "
+              "acc(C, H) - acc(P, h); C, P: the candidate's and the parent's adapters, H, h: their harnesses. "
+              "[low, high]: 95 % interval over the level's tasks; a single value: every task of the split was scored.")
+
+
 def show_lineage(name: str) -> None:
     from rsi.config import get_settings
     from rsi.errors import UserError
@@ -499,8 +585,8 @@ def show_lineage(name: str) -> None:
         raise UserError(f"lineage {name!r} has no versions in {settings.mlflow_uri}; run `rsi run` first")
     champion = registry.alias(CHAMPION)
     levels = sorted({int(k.removeprefix("acc_level_")) for v in versions for k in v.tags if k.startswith("acc_level_")})
-    table = Table("version", "gen", "parent", "gate", "harness", *[f"L{lvl}" for lvl in levels], "dataset", "pair",
-                  title=f"lineage {name} (MLflow model {model_name(name)})")
+    table = Table("version", "gen", "parent", "gate", "harness", *[f"L{lvl}" for lvl in levels], "vs no-train",
+                  "dataset", "pair", title=f"lineage {name} (MLflow model {model_name(name)})")
     for v in versions:
         mark = " *" if champion is not None and champion.version == v.version else ""
         accs = [v.tags.get(f"acc_level_{lvl}", "") for lvl in levels]
@@ -508,10 +594,13 @@ def show_lineage(name: str) -> None:
         moved = v.tags.get("parent_harness_hash", v.tags.get("harness_hash")) != v.tags.get("harness_hash")
         harness = v.tags.get("harness_id", "") + (" (new)" if moved else "")
         table.add_row(f"{v.version}{mark}", v.tags.get("generation", ""), v.tags.get("parent_version", ""),
-                      v.tags.get("gate", ""), Text(harness), *accs, v.tags.get("dataset_digest", "")[:10],
+                      v.tags.get("gate", ""), Text(harness), *accs, v.tags.get("test_over_no_training", ""),
+                      v.tags.get("dataset_digest", "")[:10],
                       v.tags.get("pair_id", "")[:17])
     out.print(table)
-    out.print("* = champion; (new) = the candidate carries another harness than its parent. Browse it: "
+    out.print("* = champion; (new) = the candidate carries another harness than its parent; vs no-train = the "
+              "version's test accuracy minus the untrained base's under the same harness, mean over its levels "
+              "(`rsi lineage explain` has it per level). Browse it: "
               f"mlflow ui --backend-store-uri {settings.mlflow_uri} ; Prefect: "
               f"PREFECT_HOME={settings.prefect_dir} prefect server start")
 

@@ -143,6 +143,19 @@ class LineageRegistry:
         found = self.client.search_model_versions(f"name = '{self.name}'")
         return sorted(found, key=lambda v: int(v.version))
 
+    def decomposition(self, version) -> Any:
+        """The version's gain decomposition (``rsi.decomposition``) as its run holds it; None for a version
+        registered before rsi decomposed gains."""
+        from mlflow.exceptions import MlflowException
+
+        from rsi.decomposition import Decomposition
+
+        try:
+            stored = self.mlflow.artifacts.load_dict(f"runs:/{version.run_id}/decomposition.json")
+        except (MlflowException, OSError):
+            return None
+        return Decomposition.model_validate(stored)
+
 
 def plot_improvement(rows: list[dict[str, Any]], path: Path) -> Path:
     """Accuracy per level per generation, one line per generation (the lineage's improvement plot)."""
