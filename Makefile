@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rsi-installed
-GENERATIONS ?= 12
+GENERATIONS ?= 4
 BASE_SEED ?= 2
 
 .PHONY: setup demo test clean browser
@@ -34,7 +34,7 @@ demo: setup
 	$(BIN)/rsi base build --base-seed $(BASE_SEED)
 	$(BIN)/rsi run addition --generations $(GENERATIONS) --base-seed $(BASE_SEED)
 	$(BIN)/rsi lineage explain addition
-	$(BIN)/rsi eval --lineage addition --split test --levels 1-32 --n 256 --references
+	$(BIN)/rsi eval --lineage addition --split test --levels 1-24 --n 256 --references
 
 test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -103,11 +103,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     # `rsi base build` prints this base's per-level accuracy (level 4 greedy 0.84 when measured).
     # The climb under addition/v2 alone reaches level 9-10 in ~12 generations; every 3 generations the cycle
     # also tries the v2 harness with the family's digit_chunks plan (long additions as additions of 3-5 digit
-    # parts plus carries), judged by the gate against the champion pair. Levels capped at 32 (a plan can pose
+    # parts plus carries), judged by the gate against the champion pair. Levels capped at 24 (a plan can pose
     # any length, and the accelerated curriculum would otherwise measure every level up to 100): far enough
-    # that a pair which adopted a plan still has levels where its weights can learn.
-    "demo": {"base_recipe": {"seed": 2}, "target_level": 32,
-             "curriculum": {"rule": "accelerated", "max_level": 32},
+    # that a pair which adopted a plan still has levels where its weights can learn (its calls err more often
+    # the more of them a task needs), near enough that a generation under a plan, whose evaluation costs grow
+    # with the square of the top level, stays within minutes (at 32 one took 21 min on 2 cores).
+    "demo": {"base_recipe": {"seed": 2}, "target_level": 24,
+             "curriculum": {"rule": "accelerated", "max_level": 24},
              "harness_search": {"every": 3, "space": {"chunk": [3, 4, 5]}}},
     # the tool family: the base learns levels 1-2 (1-2 inversions in 7 digits) from expert episodes in which the
     # expert errs and mends at times (else it learns to say "done" after two swaps, whatever the list); the
