@@ -548,12 +548,13 @@ def lineage_explain(
 
     if split not in ("test", "heldout"):
         raise UserError(f"--split {split!r}: expected test or heldout")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per version drowns the tables
     registry = LineageRegistry(get_settings(), name)
     versions = registry.versions()
     if not versions:
         raise UserError(f"lineage {name!r} has no versions in {registry.uri}; run `rsi run` first")
     if version is not None:
-        versions = [v for v in versions if v.version == version]
+        versions = [v for v in versions if str(v.version) == version]
         if not versions:
             raise UserError(f"lineage {name!r} has no version {version!r}; `rsi lineage show {name}` lists them")
     for v in versions:
@@ -570,7 +571,7 @@ def lineage_explain(
         out.print(table)
     out.print("weights = acc(C, h) - acc(P, h); harness = acc(P, H) - acc(P, h); interaction = the rest of "
               "acc(C, H) - acc(P, h); C, P: the candidate's and the parent's adapters, H, h: their harnesses. "
-              "[low, high]: 95 % interval over the level's tasks; a single value: every task of the split was scored.")
+              "\\[low, high]: 95 % interval over the level's tasks; a single value: every task of the split was scored.")
 
 
 def show_lineage(name: str) -> None:

@@ -149,7 +149,7 @@ def rows(decomposition: Decomposition, split: str) -> list[dict[str, object]]:
             "candidate (C, H)": round(g.candidate, 3), "weights": fmt(g.weights), "harness": fmt(g.harness),
             "interaction": fmt(g.interaction)}
         if g.clean_n is not None:
-            row["clean tasks"] = f"{g.clean_candidate:.3f} of {g.clean_n}"
+            row["clean tasks"] = f"{g.clean_candidate:.3f} of {g.clean_n}" if g.clean_n else "none"
         out.append(row)
     return out
 

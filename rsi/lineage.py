@@ -146,15 +146,19 @@ class LineageRegistry:
     def decomposition(self, version) -> Any:
         """The version's gain decomposition (``rsi.decomposition``) as its run holds it; None for a version
         registered before rsi decomposed gains."""
+        import json
+        import tempfile
+
         from mlflow.exceptions import MlflowException
 
         from rsi.decomposition import Decomposition
 
-        try:
-            stored = self.mlflow.artifacts.load_dict(f"runs:/{version.run_id}/decomposition.json")
-        except (MlflowException, OSError):
-            return None
-        return Decomposition.model_validate(stored)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:  # through this registry's client: the process's default tracking URI may be another store
+                path = self.client.download_artifacts(version.run_id, "decomposition.json", tmp)
+            except (MlflowException, OSError):
+                return None
+            return Decomposition.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def plot_improvement(rows: list[dict[str, Any]], path: Path) -> Path:

@@ -101,7 +101,7 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
     assert_training_data_is_audited_samples(settings.db_url)
 
     explained = subprocess.run([sys.executable, "-m", "rsi", "lineage", "explain", "addition"], capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300, cwd="/")  # not where MLflow's default store would be
     assert explained.returncode == 0 and "Traceback" not in explained.stderr, explained.stderr[-2000:]
     for v in versions:
         assert f"addition version {v.version} (generation" in explained.stdout
