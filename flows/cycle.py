@@ -761,7 +761,7 @@ def generation(config: CycleConfig, number: int, *, direct: bool = False,
     judged = call(evaluate_gate, champ, found, trained)
     registered = call(register, champ, selected, trained, judged, searched)
     summary = summarize(number, found, executed, audited, selected, trained, judged, registered) | {
-        "seconds": seconds, "gains": gains(run, number, champ, trained, judged)}
+        "seconds": seconds, "gains": gains(run, number, judged)}
     if searched is not None:
         summary["harness_candidates"] = tried_harnesses(searched)
     log.info("generation %d: %s (p=%.3g); accuracy %s", number, summary["gate"], summary["p_value"],
@@ -793,15 +793,16 @@ def harness_generation(run: LineageRun, number: int, champ: Champion, found: Dis
                "candidate": {str(k): round(v, 3) for k, v in judged.candidate.items()},
                "parent": {str(k): round(v, 3) for k, v in judged.parent.items()},
                "train_seconds": trained.seconds, "harness": chosen.harness_id,
-               "harness_candidates": tried_harnesses(searched), "gains": gains(run, number, champ, trained, judged)}
+               "harness_candidates": tried_harnesses(searched), "gains": gains(run, number, judged)}
     if not judged.decision.promote and not found.plan:
         summary["stopped"] = "the harness cannot pose the next level and no candidate harness beat the champion"
     return summary
 
 
-def gains(run: LineageRun, number: int, champ: Champion, trained: Trained, judged: Judged) -> dict[str, Any]:
+def gains(run: LineageRun, number: int, judged: Judged) -> dict[str, Any]:
     """The registered candidate's gain decomposition (stored when it was registered), rows per split."""
-    decomposition = decompose(run, run.generation_row(number), champ, trained, judged)
+    decomposition = next(d for d in run.stage_results(run.generation_row(number), "decompose")
+                         if d.candidate_pair_id == judged.candidate_pair_id)
     return {split: gain_rows(decomposition, split) for split in decomposition.splits}
 
 

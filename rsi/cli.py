@@ -418,8 +418,9 @@ def eval_cmd(
         pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                     harness_id=harness.id, harness_hash=harness.hash)
         posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
-        return {sc.level: sc for sc in evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
-                                                adapter=str(adapter) if adapter else None, k=k, split=split)}  # type: ignore[arg-type]
+        scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
+                          adapter=str(adapter) if adapter else None, k=k, split=split)  # type: ignore[arg-type]
+        return {sc.level: sc for sc in scores}
 
     if references:
         return print_references(lineage, load_harness(spec["harness"]), harness, adapter, wanted, split, scores_of)

@@ -594,10 +594,15 @@ class LineageRun:
     # -- stage results --------------------------------------------------------------------------------------
     def stage_result(self, generation: Generation, stage: str) -> Any:
         """The latest finished result of a stage of ``generation`` (None if it has none), validated."""
+        return next(iter(self.stage_results(generation, stage)), None)
+
+    def stage_results(self, generation: Generation, stage: str) -> list[Any]:
+        """Every finished result of a stage of ``generation``, latest first (a search decomposes several
+        candidates in one generation), validated."""
         with self.store.session() as s:
-            row = s.scalars(select(StageRun).where(StageRun.generation_id == generation.id, StageRun.stage == stage,
-                                                   StageRun.status == "done").order_by(StageRun.id.desc())).first()
-            return read_result(stage, generation.number, row.result) if row else None
+            rows = s.scalars(select(StageRun).where(StageRun.generation_id == generation.id, StageRun.stage == stage,
+                                                    StageRun.status == "done").order_by(StageRun.id.desc()))
+            return [read_result(stage, generation.number, row.result) for row in rows]
 
     def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any], fn: Callable[[], StageResult],
                   finish: Callable[[Session, StageResult], None] | None = None) -> Any:
