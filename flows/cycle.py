@@ -71,9 +71,9 @@ from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.hcp import Harness  # noqa: E402
-from rsi.plans import calls_with_gold, poses  # noqa: E402
 from rsi.migrate import changes_format, rerender  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
+from rsi.plans import calls_with_gold, poses  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
 from rsi.splits import stream_seed  # noqa: E402
 from rsi.store.records import (  # noqa: E402
@@ -629,9 +629,12 @@ def clean_tasks(run: LineageRun, harness: Harness, levels: Sequence[int]) -> dic
 
 def log_decomposition(run: LineageRun, run_id: str, decomposition: Decomposition) -> None:
     """Its metrics on the version's run, a table per split (browsable in the MLflow UI) and the whole of it."""
-    client = run.registry.client
-    for name, value in gain_metrics(decomposition).items():
-        client.log_metric(run_id, name, value)
+    from mlflow.entities import Metric
+
+    client, now = run.registry.client, int(time.time() * 1000)
+    metrics = [Metric(name, value, now, 0) for name, value in gain_metrics(decomposition).items()]
+    for at in range(0, len(metrics), 1000):  # one write per batch, not one per metric (MLflow takes <= 1000)
+        client.log_batch(run_id, metrics=metrics[at:at + 1000])
     for split in decomposition.splits:
         table = gain_rows(decomposition, split)
         client.log_table(run_id, {key: [row.get(key) for row in table] for key in table[0]} if table else {},
