@@ -50,6 +50,18 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result measures (and its own script)
+
+
+def changed_since(commit: str, script: str, root: Path = REPO) -> list[str] | None:
+    """The measured files (``MEASURED`` and ``script``) that differ between ``commit`` and the working tree,
+    or None where ``commit`` is not in ``root``'s history (a shallow clone, or another repository)."""
+    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return None
+    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script)
+    return None if out is None else out.split()
+
+
 def run_config(args: argparse.Namespace, **more: Any) -> dict:
     """A script's arguments as its config (``--out`` left out: where a result goes is not how it was made)."""
     return {k: v for k, v in vars(args).items() if k != "out"} | more

@@ -66,12 +66,12 @@ from rsi.decomposition import Decomposition, decompose_levels, over_no_training 
 from rsi.decomposition import metrics as gain_metrics  # noqa: E402
 from rsi.decomposition import rows as gain_rows  # noqa: E402
 from rsi.errors import RsiError  # noqa: E402
-from rsi.evaluate import evaluation_tasks  # noqa: E402
+from rsi.evaluate import answer_of, evaluation_tasks, majority_answers  # noqa: E402
 from rsi.execute import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.hcp import Harness  # noqa: E402
-from rsi.migrate import changes_format, rerender  # noqa: E402
+from rsi.migrate import changes_format, rerender, true_example  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
 from rsi.plans import calls_with_gold, poses  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
@@ -237,10 +237,7 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
 
     def body() -> Selected:
         trajectories, tasks = load_trajectories(run, executed.ids)
-        with run.store.session() as s:
-            passed = set(s.scalars(sql_select(VerdictRow.trajectory_id).where(
-                VerdictRow.trajectory_id.in_(executed.ids), VerdictRow.passed,
-                VerdictRow.harness_hash == champ.harness_hash)))
+        passed = kept(run, champ, trajectories)
         candidates = [Candidate(trajectory_id=t.id, task_id=t.task_id, level=tasks[t.task_id].level,
                                 prompt=prompt, completion=completion, turns=turns, passed=t.id in passed)
                       for t in trajectories for prompt, completion, turns in [training_parts(t.messages)]]
@@ -254,6 +251,7 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
                 s.add(DatasetRow(digest=key, lineage=run.config.lineage, generation_id=gen.id,
                                  size=len(dataset.examples),
                                  filters={**run.config.selection.model_dump(mode="json"), "corrupted": corrupted,
+                                          "labels": run.config.labels,
                                           "sources": [e.source for e in dataset.examples]}))
                 s.flush()
                 s.add_all(DatasetItem(dataset_digest=key, position=i, trajectory_id=e.trajectory_id)
@@ -265,6 +263,28 @@ def select_stage(config: CycleConfig, number: int, champ: Champion, found: Disco
     return run.run_stage(gen, "select", inputs, body)
 
 
+def kept(run: LineageRun, champ: Champion, trajectories: Sequence[Trajectory]) -> set[str]:
+    """The trajectories a selection may keep, by the lineage's ``labels``: those the auditor passed under the
+    champion's contract; ABLATIONS: every one (unverified), the first of each task (truth: its example is
+    the true answer, written when the dataset is loaded), or those giving the answer more than half of
+    their task's samples give (majority: no verifier)."""
+    labels = run.config.labels
+    if labels == "unverified":
+        return {t.id for t in trajectories}
+    if labels == "truth":
+        return {next(t.id for t in trajectories if t.task_id == task_id) for task_id in {t.task_id for t in trajectories}}
+    if labels == "majority":
+        harness = run.harness_of(champ)
+        answers = {t.id: answer_of(harness, t.completion) for t in trajectories}
+        majority = majority_answers([(t.task_id, answers[t.id]) for t in trajectories if answers[t.id] is not None],
+                                    harness.document.decoding.samples)
+        return {t.id for t in trajectories if t.task_id in majority and answers[t.id] == majority[t.task_id]}
+    with run.store.session() as s:
+        return set(s.scalars(sql_select(VerdictRow.trajectory_id).where(
+            VerdictRow.trajectory_id.in_([t.id for t in trajectories]), VerdictRow.passed,
+            VerdictRow.harness_hash == champ.harness_hash)))
+
+
 def load_dataset(run: LineageRun, dataset_digest: str, harness: Harness | None = None) -> tuple[Dataset, bool]:
     """A stored selection as training examples, read from the stored trajectories (prompt and completion
     exactly as sampled; written again under ``harness`` where they were sampled under another one, see
@@ -274,11 +294,13 @@ def load_dataset(run: LineageRun, dataset_digest: str, harness: Harness | None =
         items = list(s.scalars(sql_select(DatasetItem).where(DatasetItem.dataset_digest == dataset_digest)
                                .order_by(DatasetItem.position)))
         sources, corrupted = row.filters["sources"], bool(row.filters.get("corrupted"))
+        truth = row.filters.get("labels") == "truth"
     trajectories, tasks = load_trajectories(run, [i.trajectory_id for i in items])
     examples = []
     for t, source in zip(trajectories, sources, strict=True):
         sampled_under = run.harness_of(t.harness_id)
-        examples.append(rerender(t, tasks[t.task_id], sampled_under, harness or sampled_under, source))
+        examples.append(true_example(t, tasks[t.task_id], harness or sampled_under, run.family, source) if truth
+                        else rerender(t, tasks[t.task_id], sampled_under, harness or sampled_under, source))
     examples = tuple(examples)
     return Dataset(examples=examples, corrupted=corrupted), corrupted
 
@@ -460,9 +482,9 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
             if migrate and not migration.size:
                 log.info("generation %d: %s skipped: no verified answers to migrate yet", gen.number, harness.id)
                 continue
-            if not migrate and champ.adapter_dir is None:
-                log.info("generation %d: %s skipped: the champion is the base, no adapter to pair", gen.number,
-                         harness.id)
+            if migrate and not run.config.train.steps:
+                log.info("generation %d: %s skipped: its format needs a migrated adapter and this lineage trains "
+                         "no weights (train.steps 0)", gen.number, harness.id)
                 continue
             trained = migrate_to(run, gen, champ, harness, migration) if migrate else \
                 keep_adapter(run, gen, champ, harness, adapter_hash)
@@ -512,7 +534,8 @@ def store_migration_set(run: LineageRun, gen: Generation) -> Selected:
     return Selected(digest=dataset_digest, size=len(chosen), corrupted=False, frontier=len(chosen), replay=0)
 
 
-def keep_adapter(run: LineageRun, gen: Generation, champ: Champion, harness: Harness, adapter_hash: str) -> Trained:
+def keep_adapter(run: LineageRun, gen: Generation, champ: Champion, harness: Harness,
+                 adapter_hash: str | None) -> Trained:
     """A candidate whose replies look as under the champion's harness (a plan, a decoding knob): the champion's
     adapter as it is, with an MLflow run of its own that the candidate pair is registered from."""
     unchanged = Dataset(examples=())
@@ -651,7 +674,8 @@ def register_pair(run: LineageRun, gen: Generation, champ: Champion, dataset_dig
 
     run_id, client = trained.mlflow_run_id, run.registry.client
     harness = run.harness_of(run.load_pair(judged.candidate_pair_id))  # a successor may carry another one
-    client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")  # browsable beside the model
+    if trained.adapter_dir is not None:  # None: the candidate pairs the base itself with its harness
+        client.log_artifacts(run_id, trained.adapter_dir, "candidate/adapter")  # browsable beside the model
     client.log_artifacts(run_id, str(harness.folder), "candidate/harness")
     for level, acc in judged.candidate.items():
         client.log_metric(run_id, f"acc_level_{level}", acc)
@@ -751,12 +775,16 @@ def generation(config: CycleConfig, number: int, *, direct: bool = False,
     log.info("generation %d: champion %s (%s)", number, champ.version, champ.pair_id)
     found = call(discover, champ)
     stalled = rejections_in_a_row(run) > 0
-    search = wants_search(config.harness_search, found, number, stalled)
+    trains = config.train.steps > 0  # a lineage that trains no weights improves its harness alone: it searches
+    search = wants_search(config.harness_search, found, number, stalled) or (not trains and config.harness_search.enabled)
     searched = call(search_harness, champ, found) if search else None
-    if searched is not None and (searched.adopted is not None or not found.plan):
+    if searched is not None and (searched.adopted is not None or not found.plan or not trains):
         return harness_generation(run, number, champ, found, searched, call) | {"seconds": seconds}
     if not found.plan:
         return {"generation": number, "stopped": "curriculum exhausted", "seconds": seconds}
+    if not trains:
+        return {"generation": number, "stopped": "train.steps is 0 and harness search is off: nothing to change",
+                "seconds": seconds}
     executed = call(execute, champ, found)
     audited = call(audit_stage, champ, found, executed)
     selected = call(select_stage, champ, found, executed, audited)

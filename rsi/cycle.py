@@ -43,6 +43,9 @@ log = logging.getLogger("rsi.cycle")
 REPO = Path(__file__).resolve().parent.parent
 
 
+Labels = Literal["verified", "unverified", "truth", "majority"]
+
+
 class HarnessSearchSpec(BaseModel):
     """The candidate-harness stage: when it runs, what it proposes, how a candidate's adapter migrates."""
 
@@ -84,6 +87,13 @@ class CycleConfig(BaseModel):
     target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
     plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
     corrupt_training_data: bool = Field(False, description="TEST SWITCH: train on shuffled answers")
+    labels: Labels = Field("verified", description=(
+        "where a training example's rightness comes from. verified: the auditor's verdict under the pair's "
+        "contract (the loop as designed). ABLATION SWITCHES (bench/ablation.py): unverified: every rollout "
+        "kept, verdict ignored (its control arm); truth: each rollout task's true answer in the harness's "
+        "format, or the family's expert episode (its upper bound); majority: no ground truth anywhere in the "
+        "loop: an answer is kept when more than half of its task's samples give it, and held-out scores (so "
+        "the curriculum and the gate) are the pair's self-agreement, not its accuracy (its label_free arm)"))
     runner: Literal["local", "ray"] = Field("local", description="where execute, audit and evaluation run "
                                             "(rsi.runners): in this process, or in shards on a Ray cluster")
     shards: int = Field(0, ge=0, description="ray runner: shards per stage (0: one per CPU of the Ray cluster)")
@@ -634,32 +644,39 @@ class LineageRun:
     # -- evaluation, cached per (pair, level, split) ---------------------------------------------------------
     def scores(self, pair: Champion | Pair, adapter_dir: str | None, levels: list[int],
                generation_id: int | None = None, split: str = "heldout") -> dict[int, LevelScore]:
-        """Greedy scores of a pair under its harness on ``split``; levels measured before are read from the
-        state DB (a score is the pair's, and the pair's id covers its harness)."""
+        """Greedy scores of a pair under its harness on ``split`` (under ``labels = "majority"`` its
+        self-agreement instead: no ground truth); levels measured before are read from the state DB (a score
+        is the pair's, and the pair's id covers its harness)."""
         pair_id = pair.pair_id if isinstance(pair, Champion) else pair.id
         found = self.stored_scores([pair_id], levels, split).get(pair_id, {})
         missing = [lvl for lvl in levels if lvl not in found]
         if missing:
             new = self.runner.evaluate(self.harness_of(pair), pair_id, missing, self.config.eval_n,
-                                       lineage_seed=self.config.seed,
-                                       adapter=adapter_dir, split=split)
+                                       lineage_seed=self.config.seed, adapter=adapter_dir, split=split,
+                                       agreement=self.scoring == "agreement")
             with self.write() as s:
                 for sc in new:
                     s.add(EvaluationRow(pair_id=pair_id, generation_id=generation_id, level=sc.level, split=split,
                                         seed=self.config.seed, n=self.config.eval_n, correct=sc.correct,
                                         accuracy=sc.accuracy, ci_low=sc.ci_low, ci_high=sc.ci_high,
-                                        decoding="greedy", outcomes=list(sc.outcomes)))
+                                        decoding=self.scoring, outcomes=list(sc.outcomes)))
                     found[sc.level] = sc
         return {lvl: found[lvl] for lvl in levels}
 
+    @property
+    def scoring(self) -> str:
+        """How this lineage scores a pair (the stored evaluations' ``decoding``): greedy accuracy, or under
+        ``labels = "majority"`` self-agreement (``rsi.evaluate.agreed``)."""
+        return "agreement" if self.config.labels == "majority" else "greedy"
+
     def stored_scores(self, pair_ids: list[str], levels: list[int], split: str) -> dict[str, dict[int, LevelScore]]:
-        """Stored greedy scores (requested n = eval_n, this lineage's seed) by pair and level."""
+        """Stored scores of this lineage's kind (requested n = eval_n, this lineage's seed) by pair and level."""
         out: dict[str, dict[int, LevelScore]] = {}
         with self.store.session() as s:
             for row in s.scalars(select(EvaluationRow).where(
                 EvaluationRow.pair_id.in_(pair_ids), EvaluationRow.level.in_(levels), EvaluationRow.split == split,
                 EvaluationRow.seed == self.config.seed, EvaluationRow.n == self.config.eval_n,
-                EvaluationRow.decoding == "greedy",
+                EvaluationRow.decoding == self.scoring,
             )):
                 outcomes = tuple(row.outcomes)
                 out.setdefault(row.pair_id, {})[row.level] = LevelScore(

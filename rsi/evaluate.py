@@ -7,6 +7,7 @@ so evaluation and the selection signal use one definition of "correct".
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -78,9 +79,16 @@ def evaluate(
     adapter: str | None = None,
     k: int = 1,
     split: Split = "heldout",
+    agreement: bool = False,
 ) -> list[LevelScore]:
     """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on up to ``n`` distinct
-    tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer)."""
+    tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer).
+    ``agreement``: LABEL-FREE, the share of tasks on which the pair agrees with itself (``agreed``)."""
+    if agreement:
+        tasks, params = evaluation_tasks(harness, family, levels, n, lineage_seed=lineage_seed,
+                                         k=harness.document.decoding.samples, split=split)
+        return level_scores(tasks, agreed(tasks, harness, family, backend, pair_id, params, adapter), levels, n,
+                            k=1, decoding="agreement")
     tasks, params = evaluation_tasks(harness, family, levels, n, lineage_seed=lineage_seed, k=k, split=split)
     return level_scores(tasks, solved(tasks, harness, family, backend, pair_id, params, adapter), levels, n, k)
 
@@ -125,9 +133,49 @@ def solved_by_plan(tasks: Sequence[Task], harness: Harness, family: TaskFamily, 
     return out
 
 
+def agreed(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend, pair_id: str,
+           params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+    """LABEL-FREE: per task id, whether more than half of its ``params.n`` samples give one same answer
+    (parsed under the harness's answer format with nothing after it; under a plan, the answers its runs
+    compose). No verifier, no true answer: what a loop without labels can measure of itself."""
+    out = {t.id: False for t in tasks}
+    tasks = posable(harness, family, tasks)
+    if harness.document.plan is not None:
+        answers = [(p.task_id, p.answer) for p in run_plans(tasks, harness, family, backend, pair_id, params,
+                                                              adapter).paths if p.answer is not None]
+    else:
+        answers = [(t.task_id, value) for t in rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
+                   if (value := answer_of(harness, t.completion)) is not None]
+    for task_id, answer in majority_answers(answers, params.n).items():
+        out[task_id] = answer is not None
+    return out
+
+
+def answer_of(harness: Harness, completion: str) -> object | None:
+    """The value a reply gives under the harness's answer format, None where it does not parse cleanly."""
+    from rsi.parsers import get_parser
+
+    spec = harness.document.answer
+    parsed = get_parser(spec.parser)(completion, **spec.params)
+    return parsed.value if parsed.ok and not parsed.extra else None
+
+
+def majority_answers(answers: Sequence[tuple[str, object]], samples: int) -> dict[str, object]:
+    """Per task id, the answer more than half of its ``samples`` samples give (tasks with none left out)."""
+    counts: dict[str, Counter] = {}
+    for task_id, answer in answers:
+        counts.setdefault(task_id, Counter())[repr(answer)] += 1
+    out = {}
+    for task_id, count in counts.items():
+        key, votes = count.most_common(1)[0]
+        if 2 * votes > samples:
+            out[task_id] = next(a for t, a in answers if t == task_id and repr(a) == key)
+    return out
+
+
 def level_scores(tasks: Sequence[Task], solved: dict[str, bool], levels: Sequence[int], n: int,
-                 k: int) -> list[LevelScore]:
-    decoding = "greedy" if k == 1 else f"pass@{k}"
+                 k: int, decoding: str | None = None) -> list[LevelScore]:
+    decoding = decoding or ("greedy" if k == 1 else f"pass@{k}")
     scores = []
     for level in levels:
         outcomes = [solved[t.id] for t in tasks if t.level == level]

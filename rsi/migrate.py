@@ -14,8 +14,9 @@ from rsi.episodes import chat_format, model_input, training_parts
 from rsi.errors import UserError
 from rsi.hcp import Harness
 from rsi.models import Task, Trajectory
-from rsi.parsers import get_parser
+from rsi.parsers import digits_lsb, get_parser
 from rsi.select import Example
+from rsi.tasks import TaskFamily
 
 
 def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harness, kind: str = "replay") -> Example:
@@ -38,6 +39,25 @@ def rerender(trajectory: Trajectory, task: Task, source: Harness, target: Harnes
                         "only passed trajectories can be migrated")
     return Example(trajectory_id=trajectory.id, level=task.level, prompt=model_input(target, task.payload),
                    completion=target.render_answer(task.payload, parsed.value), source=kind, chat=target.chat)
+
+
+def true_example(trajectory: Trajectory, task: Task, harness: Harness, family: TaskFamily,
+                 kind: str = "frontier") -> Example:
+    """ABLATION (``labels = "truth"``): what ``trajectory``'s task should have taught: its true answer in
+    ``harness``'s format, or for a tool harness the family's expert episode; the sample itself is not used."""
+    from rsi.episodes import demonstration
+
+    if harness.document.tools:
+        prompt, completion, turns = training_parts(demonstration(harness, family, task).messages, chat_format(harness))
+        return Example(trajectory_id=trajectory.id, level=task.level, prompt=prompt, completion=completion,
+                       source=kind, turns=turns, chat=harness.chat)
+    answer = harness.document.answer
+    if answer.template is None and answer.parser == "reversed_digits":  # addition/v1-v2 name no template
+        completion = digits_lsb(task.answer, answer.params["width"])
+    else:
+        completion = harness.render_answer(task.payload, task.answer)
+    return Example(trajectory_id=trajectory.id, level=task.level, prompt=model_input(harness, task.payload),
+                   completion=completion, source=kind, chat=harness.chat)
 
 
 def changes_format(source: Harness, target: Harness) -> bool:

@@ -55,7 +55,7 @@ class Runner(Protocol):
               pair: Pair | None) -> list[Verdict]: ...
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
-                 adapter: str | None, split: Split) -> list[LevelScore]: ...
+                 adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]: ...
 
     def close(self) -> None: ...
 
@@ -82,9 +82,9 @@ class LocalRunner:
         return [audit(t, tasks[t.task_id], harness, self.run.family, pair) for t in trajectories]
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
-                 adapter: str | None, split: Split) -> list[LevelScore]:
+                 adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
         return evaluate(harness, self.run.family, self.run.backend, pair_id, levels, n,
-                        lineage_seed=lineage_seed, adapter=adapter, split=split)
+                        lineage_seed=lineage_seed, adapter=adapter, split=split, agreement=agreement)
 
     def close(self) -> None:
         pass  # the backend belongs to the lineage run
@@ -139,7 +139,9 @@ class RayRunner:
         return [v for verdicts in self._map(harness, _audit_shard, args) for v in verdicts]
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
-                 adapter: str | None, split: Split) -> list[LevelScore]:
+                 adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
+        if agreement:
+            raise UserError("label-free scoring (labels = 'majority') runs on the local runner: --runner local")
         every, params = evaluation_tasks(harness, self.run.family, levels, n, lineage_seed=lineage_seed,
                                          k=1, split=split)
         outcomes = {t.id: False for t in every}  # a task the harness cannot pose is not solved

@@ -44,7 +44,8 @@ ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 class TrainSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(100, ge=1)
+    steps: int = Field(100, ge=0, description="optimizer steps per generation; 0: the lineage trains no weights "
+                       "and improves only its harness (it searches every generation; bench/ablation.py's harness arm)")
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
@@ -62,8 +63,8 @@ class TrainSpec(BaseModel):
 class TrainResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    adapter_dir: str
-    adapter_hash: str
+    adapter_dir: str | None  # None: the base itself (a candidate harness paired with an untrained champion)
+    adapter_hash: str | None
     steps: int
     first_loss: float
     final_loss: float

@@ -54,9 +54,9 @@ def test_proposals_are_valid_distinct_and_never_the_harness_itself(tmp_path) -> 
 
 @pytest.mark.slow
 def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefect_api, tiny_base, rsi_home):
-    """Generation 1 as usual (promoted); generation 2 searches (every=1) two candidate widths and a plan: each is
-    stored; a width is migrated from the champion on the lineage's verified answers, the plan (same format)
-    keeps the champion's adapter as it is; each is judged and registered with its harness tags. Generation 3
+    """Generation 1 searches (every=1: the plan paired with the untrained base) and trains (promoted); generation 2
+    searches two candidate widths and a plan: each is stored; a width is migrated from the champion on the
+    lineage's verified answers, the plan (same format) keeps the champion's adapter as it is; each is judged and registered with its harness tags. Generation 3
     searches again: the stored decisions of all candidates gated against one parent, search and ordinary ones
     alike, spend at most the gate's alpha."""
     from mlflow import MlflowClient
@@ -82,7 +82,10 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
         pairs = {r.harness_id for r in s.scalars(select(PairRow))}
     assert {c["harness"] for c in searched["harness_candidates"]} <= stored & pairs
     spent = alpha_spent_per_parent()
-    assert max(len(c) for c in spent.values()) >= 4, spent  # a search of 3 and an ordinary candidate, at least
+    # generation 1 searches too (a plan paired with the untrained base) before its ordinary candidate, so the base
+    # has 2 candidates, and a search of 3 follows: numbered apart (search 1, 2, 3 and ordinary 1), they would spend
+    # more than alpha
+    assert max(len(c) for c in spent.values()) >= 2 and sum(len(c) for c in spent.values()) >= 5, spent
     assert all(sum(c.values()) <= 0.05 for c in spent.values()), spent
     client = MlflowClient(get_settings().mlflow_uri)
     versions = [v for v in client.search_model_versions("name = 'rsi-addition'") if v.tags["generation"] == "2"]
