@@ -1,6 +1,6 @@
 """The whole RSI cycle on the tiny profile, with real Prefect, MLflow, PEFT, SQLite and PostgreSQL.
 
-The tiny profile is for exercising every stage, not for measuring improvement (``bench/improvement.py``
+The tiny profile is for exercising every stage, not for measuring improvement (``bench/ablation.py``
 and ``make demo`` do that): its candidates are usually rejected, which the gate must decide and store.
 """
 

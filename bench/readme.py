@@ -1,0 +1,181 @@
+"""The README's measured numbers, written from the result JSONs of ``bench/results``.
+
+Every number the README reports from a measurement lives between ``<!-- results:NAME -->`` and
+``<!-- /results:NAME -->``, and this script writes that block from ``bench/results/NAME.json``. A result is
+shown only when it is current: its JSON records the commit it was made on, the tree was clean then, and none of
+the code it measures (``rsi/``, ``flows/``, ``task_generators/`` and its bench script) has changed since.
+Otherwise the block says why it is not shown and the command that measures it again.
+``tests/test_readme_results.py`` fails when the README differs from what this writes, when a block shows
+numbers of a result that is not current, and when a measured-looking number stands outside the blocks.
+
+    .venv/bin/python bench/readme.py            # rewrite the blocks in README.md
+    .venv/bin/python bench/readme.py --check    # exit 1 (naming the blocks) where README.md differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.provenance import changed_since  # noqa: E402 (after the path it needs)
+
+BLOCK = re.compile(r"<!-- results:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+
+
+def interval(iv: dict[str, Any], signed: bool = False) -> str:
+    mean = f"{iv['mean']:+.3f}" if signed else f"{iv['mean']:.3f}"
+    if iv.get("low") is None:
+        return f"{mean} (one cell: no interval)"
+    low, high = (f"{iv['low']:+.3f}", f"{iv['high']:+.3f}") if signed else (f"{iv['low']:.3f}", f"{iv['high']:.3f}")
+    return f"{mean} [{low}, {high}]"
+
+
+def ablation(result: dict[str, Any]) -> str:
+    """The arms' test accuracy (mean over levels and per level), CPU-seconds, and the claimed differences."""
+    s = result["summary"]
+    arms, levels = s["arms"], s["levels"]
+    cells = len(result["cells"])
+    shared = result["shared_overrides"]
+    lines = [f"`{result['command']}` ({result['profile']} profile, {shared.get('generations')} generations per "
+             f"loop arm; base seeds {result['base_seeds']} x lineage seeds {result['lineage_seeds']} = {cells} cells; "
+             f"greedy on the **test** split, levels {levels[0]}-{levels[-1]}, n = "
+             f"{result['cells'][0]['arms']['full']['test']['levels'][str(levels[0])]['n']} a level at most; "
+             f"{result['interval']}):", "",
+             "| arm | differs from full in | test accuracy, mean over levels | loop CPU-s per cell | test CPU-s |",
+             "|---|---|---|---|---|"]
+    for arm in arms:
+        diff = result["cells"][0]["arms"][arm]["config_diff"]
+        named = ", ".join(f"`{k}` {v[1]}" for k, v in diff.items()) or "nothing"
+        cpu = s["cpu_s_per_cell"][arm]
+        lines.append(f"| {arm} | {named} | {interval(s['mean_over_levels'][arm])} | {cpu['loop_cpu_s']:.0f} | "
+                     f"{cpu['test_cpu_s']:.0f} |")
+    skipped = {a: why for c in result["cells"] for a, why in c["skipped"].items()}
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(f"{a} ({why})" for a, why in skipped.items()) + "."]
+    lines += ["", "| level | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
+    for lvl in levels:
+        lines.append(f"| {lvl} | " + " | ".join(f"{s['per_level'][a][str(lvl)]['mean']:.3f}" for a in arms) + " |")
+    best = s["best_single_component"]
+    claim = s["differences"][f"full - {best}"]
+    zero = claim["low"] is not None and claim["low"] <= 0 <= claim["high"]
+    lines += ["", f"**full minus the best single-component arm ({best}): {interval(claim, signed=True)}**"
+              + (" — the interval includes 0: on this evidence the loop's combination adds nothing over "
+                 f"{best} alone." if zero else ".")]
+    others = [f"full - {a}: {interval(iv, signed=True)}" for name, iv in s["differences"].items()
+              if name != f"full - {best}" for a in [name.removeprefix("full - ")] if name.startswith("full - ")]
+    lines.append("Also: " + "; ".join(others) + f"; upper_bound - full: "
+                 f"{interval(s['differences']['upper_bound - full'], signed=True)}.")
+    shares = [f"{arm} {c['arms'][arm]['test']['plan_calls_in_train_split']:.2f} (b{c['base_seed']} s{c['lineage_seed']})"
+              for c in result["cells"] for arm in arms if c["arms"][arm]["test"].get("plan_calls_in_train_split")]
+    if shares:
+        lines.append("Final pairs with a plan harness, share of their test-task calls whose problem lies in the "
+                     "train split: " + ", ".join(shares) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def demo(result: dict[str, Any]) -> str:
+    """The demo's run: wall time, each generation's line, the final four-column test table."""
+    lines = [f"`{result['command']}` on a fresh clone ({result['machine']}): {result['wall']} wall, rc "
+             f"{result['rc']}; the log is `bench/results/demo-addition.log`.", ""]
+    lines += [f"- {g}" for g in result["generations"]]
+    lines += ["", "The last table, test split, mean over levels " + result["levels"] + ":", "",
+              "| pair | mean accuracy |", "|---|---|"]
+    lines += [f"| {name} | {acc:.3f} |" for name, acc in result["final"].items()]
+    gains = result["gains"]
+    lines += ["", "Per level, the harness's gain (the base under the champion's harness minus under the starting one) "
+              "and the weights' gain (the champion minus the base under the champion's harness):", "",
+              "| level | " + " | ".join(gains) + " |", "|---" * (len(gains) + 1) + "|",
+              "| harness | " + " | ".join(f"{g['harness']:+.2f}" for g in gains.values()) + " |",
+              "| weights | " + " | ".join(f"{g['weights']:+.2f}" for g in gains.values()) + " |"]
+    return "\n".join(lines) + "\n"
+
+
+# block name -> (its bench script, how its numbers are written; None: no renderer yet, the block shows status)
+RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
+    "demo-addition": ("bench/demo.py", demo),
+    "ablation-addition": ("bench/ablation.py", ablation),
+    "ablation-sorting": ("bench/ablation.py", ablation),
+    "train": ("bench/train.py", None),
+    "shards": ("bench/shards.py", None),
+    "episodes": ("bench/episodes.py", None),
+    "generation": ("bench/generation.py", None),
+    "parity": ("bench/parity.py", None),
+    "cycle": ("bench/cycle.py", None),
+    "smollm2": ("bench/smollm2.py", None),
+    "serve": ("bench/serve.py", None),
+    "serve-session": ("bench/serve_session.py", None),
+    "serve-session-joint": ("bench/serve_session.py", None),
+}
+
+
+def staleness(name: str, root: Path = REPO) -> str | None:
+    """Why ``bench/results/<name>.json`` may not be shown (None: it is current)."""
+    script, _ = RESULTS[name]
+    path = root / "bench/results" / f"{name}.json"
+    if not path.exists():
+        return f"`bench/results/{name}.json` does not exist"
+    prov = json.loads(path.read_text()).get("provenance") or {}
+    commit = prov.get("commit")
+    if not commit:
+        return f"`bench/results/{name}.json` records no commit (made before results recorded theirs)"
+    if not prov.get("clean"):
+        return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
+    changed = changed_since(commit, script, root)
+    if changed is None:
+        return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
+    if changed:
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        return f"`bench/results/{name}.json` was measured on {commit[:10]}; since then {shown} changed"
+    return None
+
+
+def render(name: str, root: Path = REPO) -> str:
+    """The block's text: the result written out, or why it is not shown and how to measure it again."""
+    script, write = RESULTS[name]
+    why = staleness(name, root)
+    if why is None and write is not None:
+        result = json.loads((root / "bench/results" / f"{name}.json").read_text())
+        return write(result) + f"\n(measured on commit {result['provenance']['commit'][:10]})\n"
+    if why is None:
+        return (f"`bench/results/{name}.json` is current (`{script}`); the README does not write its numbers yet "
+                "(no renderer in `bench/readme.py`).\n")
+    return f"*Not shown: {why}. Measure it again: `.venv/bin/python {script}`, then `.venv/bin/python bench/readme.py`.*\n"
+
+
+def rewrite(text: str, root: Path = REPO) -> str:
+    def block(m: re.Match) -> str:
+        name = m["name"]
+        if name not in RESULTS:
+            raise SystemExit(f"README.md has a results block {name!r} that bench/readme.py does not know; known: "
+                             f"{', '.join(RESULTS)}")
+        return f"<!-- results:{name} -->\n{render(name, root)}<!-- /results:{name} -->"
+
+    return BLOCK.sub(block, text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 where README.md differs")
+    args = parser.parse_args()
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    new = rewrite(text)
+    if args.check:
+        differ = [m["name"] for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new), strict=True) if m[0] != n[0]]
+        if differ:
+            raise SystemExit(f"README.md's results blocks {differ} differ from the JSONs: run bench/readme.py")
+        print("README.md's results blocks match the JSONs")
+        return
+    readme.write_text(new)
+    print(f"wrote {len(BLOCK.findall(new))} results blocks into {readme}")
+
+
+if __name__ == "__main__":
+    main()
