@@ -46,7 +46,8 @@ def ablation(result: dict[str, Any]) -> str:
     lines = [f"`{result['command']}` ({result['profile']} profile, {shared.get('generations')} generations per "
              f"loop arm; base seeds {result['base_seeds']} x lineage seeds {result['lineage_seeds']} = {cells} cells; "
              f"greedy on the **test** split, levels {levels[0]}-{levels[-1]}, n = "
-             f"{result['cells'][0]['arms']['full']['test']['levels'][str(levels[0])]['n']} a level at most; "
+             f"{max(v['n'] for v in result['cells'][0]['arms']['full']['test']['levels'].values())} a level "
+             "(fewer where the split holds fewer); "
              f"{result['interval']}):", "",
              "| arm | differs from full in | test accuracy, mean over levels | loop CPU-s per cell | test CPU-s |",
              "|---|---|---|---|---|"]
@@ -64,9 +65,9 @@ def ablation(result: dict[str, Any]) -> str:
         lines.append(f"| {lvl} | " + " | ".join(f"{s['per_level'][a][str(lvl)]['mean']:.3f}" for a in arms) + " |")
     best = s["best_single_component"]
     claim = s["differences"][f"full - {best}"]
-    zero = claim["low"] is not None and claim["low"] <= 0 <= claim["high"]
+    zero = claim["low"] <= 0 <= claim["high"] if claim["low"] is not None else abs(claim["mean"]) < 0.0005
     lines += ["", f"**full minus the best single-component arm ({best}): {interval(claim, signed=True)}**"
-              + (" — the interval includes 0: on this evidence the loop's combination adds nothing over "
+              + (" — zero: on this evidence the loop's combination of weights and harness adds nothing over "
                  f"{best} alone." if zero else ".")]
     others = [f"full - {a}: {interval(iv, signed=True)}" for name, iv in s["differences"].items()
               if name != f"full - {best}" for a in [name.removeprefix("full - ")] if name.startswith("full - ")]
