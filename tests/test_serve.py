@@ -61,12 +61,33 @@ def sorting_examples() -> list:
             for lvl in SORTING_LEVELS for t in family.tasks("train", 11, lvl, 48)]
 
 
+STEPS = {"addition": (30, 60, 120, 240), "sorting": (40, 80, 160, 320)}
+
+
 @pytest.fixture(scope="module")
 def adapters(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two real LoRA specialists on the tiny base, trained once for this module."""
-    root = tmp_path_factory.mktemp("specialists")
-    return {"addition": _train(tiny_base, addition_examples(), root / "addition", 30),
-            "sorting": _train(tiny_base, sorting_examples(), root / "sorting", 40)}
+    """Two real LoRA specialists on the tiny base, trained once for this module, each until it has learned what
+    the tests probe: how far a few steps get depends on the CPU's float kernels (an AVX-512 Xeon's sorting
+    specialist said "done" after 40 steps), so each trains again with twice the steps until some held-out
+    prompt tells its replies from the base's (addition) or gets a tool call (sorting), and the module fails
+    naming the steps tried when even the last count does not get there."""
+    from rsi.backends import get_backend
+
+    backend, root = get_backend("hf", model_dir=tiny_base), tmp_path_factory.mktemp("specialists")
+    learned = {"addition": lambda out: find_addition_probes(backend, out),
+               "sorting": lambda out: find_sorting_call(backend, out)}
+    examples = {"addition": addition_examples, "sorting": sorting_examples}
+    trained = {}
+    for name, schedule in STEPS.items():
+        for steps in schedule:
+            out = _train(tiny_base, examples[name](), root / f"{name}-{steps}", steps)
+            if learned[name](out):
+                trained[name] = out
+                break
+        else:
+            pytest.fail(f"the {name} specialist learned nothing the tests can probe after {schedule} steps: see "
+                        "addition_probes and sorting_call in tests/test_serve.py")
+    return trained
 
 
 def promote(store, lineage: str, family: str, harness_ref: str, adapter: Path, base: Path, number: int = 1) -> None:
@@ -144,6 +165,14 @@ class AdditionProbe(NamedTuple):
 def addition_probes(backend, adapter: Path) -> list[AdditionProbe]:
     """The held-out addition prompts on which the adapter's greedy reply is not the base's (decoded as the
     specialist is, or as the base is served), so a reply shows which model answered; fails when there is none."""
+    probes = find_addition_probes(backend, adapter)
+    if not probes:
+        pytest.fail(f"no held-out prompt where the addition adapter and the base differ: the served fixture's "
+                    "adapter did not learn; train it longer in `adapters` (tests/test_serve.py)")
+    return probes
+
+
+def find_addition_probes(backend, adapter: Path) -> list[AdditionProbe]:
     from rsi.backends.base import SamplingParams
     from rsi.hcp import load_harness
     from rsi.mol.proxy import ServeConfig, specialist_params
@@ -153,17 +182,21 @@ def addition_probes(backend, adapter: Path) -> list[AdditionProbe]:
     served_base = SamplingParams(max_new_tokens=ServeConfig().max_tokens)
     rows = zip(prompts, direct_replies(backend, prompts, params, adapter), direct_replies(backend, prompts, params),
                direct_replies(backend, prompts, served_base))
-    probes = [AdditionProbe(p, mine, base) for p, mine, same_params, base in rows
-              if mine.text and mine.text not in (same_params.text, base.text)]
-    if not probes:
-        pytest.fail(f"no prompt among {len(prompts)} candidates where the addition adapter and the base differ: the "
-                    "served fixture's adapter did not learn; train it longer in `adapters` (tests/test_serve.py)")
-    return probes
+    return [AdditionProbe(p, mine, base) for p, mine, same_params, base in rows
+            if mine.text and mine.text not in (same_params.text, base.text)]
 
 
 def sorting_call(backend, adapter: Path) -> tuple[str, str, dict]:
     """A held-out sorting prompt the specialist answers with a call to one of its harness's tools (as the proxy
     reads a reply), and that call: (prompt, tool, arguments); fails when it answers none with a call."""
+    found = find_sorting_call(backend, adapter)
+    if found is None:
+        pytest.fail("no held-out prompt that the sorting specialist answers with a tool call: the served fixture's "
+                    "adapter did not learn; train it longer in `adapters` (tests/test_serve.py)")
+    return found
+
+
+def find_sorting_call(backend, adapter: Path) -> tuple[str, str, dict] | None:
     from rsi.episodes import parse_call
     from rsi.hcp import load_harness
     from rsi.mol.proxy import specialist_params
@@ -174,8 +207,7 @@ def sorting_call(backend, adapter: Path) -> tuple[str, str, dict]:
         call = parse_call(harness, reply.text) if reply.finish_reason == "stop" else None
         if call is not None and call[0] in harness.tool_schemas:
             return prompt, *call
-    pytest.fail(f"no prompt among {len(prompts)} candidates that the sorting specialist answers with a tool call: "
-                "the served fixture's adapter did not learn; train it longer in `adapters` (tests/test_serve.py)")
+    return None
 
 
 def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, tiny_base, rsi_home) -> None:
