@@ -139,12 +139,12 @@ def pick_harness(run) -> dict[str, Any]:
     """base+harness: every proposal of the profile's search space for the starting harness, paired with the
     base, scored on held-out up to the curriculum's top level; the best mean wins (no gate, no training)."""
     from rsi.proposers import propose
-    from rsi.store.harnesses import store_new
+    from rsi.store.harnesses import store_proposal
 
     spec, levels = run.config.harness_search, list(range(1, run.config.curriculum.max_level + 1))
     proposals = propose(run.harness, spec.proposers, spec.space)
     with run.write() as s:
-        harnesses = [store_new(s, p.document, p.sources, run.settings.home) for p in proposals]
+        harnesses = [store_proposal(s, p.document, p.sources, run.settings.home) for p in proposals]
     tried = {}
     for harness in [run.harness, *harnesses]:
         pair = run.pair(None, harness)
@@ -159,12 +159,13 @@ def pick_harness(run) -> dict[str, Any]:
 def test_scores(run, final: dict[str, Any], levels: list[int], n: int) -> dict[str, Any]:
     """The final pair's greedy test accuracy per level (ground truth), and for a plan harness the share of its
     calls on these tasks whose problem lies in the train split."""
-    from rsi.evaluate import evaluate, evaluation_tasks, poses
-    from rsi.plans import calls_with_gold
+    from rsi.evaluate import evaluate, evaluation_tasks
+    from rsi.hcp.plays import calls_with_gold, poses
+    from rsi.pair import Responder
 
     harness = run.harness_of(final["harness_id"])
-    scores = evaluate(harness, run.family, run.backend, final["pair_id"], levels, n, lineage_seed=run.config.seed,
-                      adapter=final["adapter_dir"], split="test")
+    pair = Responder(harness, run.backend, final["pair_id"], final["adapter_dir"], run.family)
+    scores = evaluate(pair, levels, n, lineage_seed=run.config.seed, split="test")
     out: dict[str, Any] = {"levels": {sc.level: {"accuracy": sc.accuracy, "ci_low": sc.ci_low, "ci_high": sc.ci_high,
                                                  "n": sc.n} for sc in scores}}
     if harness.document.plan is not None:

@@ -3,7 +3,7 @@
 Two measurements, each a ratio against a baseline in the same run:
 
 - episodes: the same sorting tasks (``--levels``, ``--tasks`` per level) played greedily as episodes by
-  ``rsi.episodes.run_episodes`` (one backend batch per turn, the tool calls run on the substrate) on each
+  ``rsi.pair.Responder.episodes`` (one backend batch per turn, the tool calls run on the substrate) on each
   engine of ``--engines`` (hf in process; vllm: a vLLM server behind the openai backend, ``rsi engine install``
   first). Prints episodes/s, turns/s and each engine's episodes/s over the hf backend's.
 - audit: milliseconds per episode for the auditor to judge the episodes the hf arm played (every rule,
@@ -47,10 +47,9 @@ def sorting_base() -> Path:
 def episodes_arm(name: str, model_dir: Path, levels: list[int], tasks_per_level: int,
                  threads: int | None) -> dict:
     from rsi.audit import audit
-    from rsi.episodes import run_episodes
     from rsi.evaluate import solved
-    from rsi.execute import sampling_params
     from rsi.hcp import load_harness
+    from rsi.pair import Responder, sampling_params
     from rsi.tasks import get_family
 
     harness, family = load_harness("sorting/v1"), get_family("sorting")
@@ -58,11 +57,12 @@ def episodes_arm(name: str, model_dir: Path, levels: list[int], tasks_per_level:
     params = sampling_params(harness, seed=0, greedy=True)
     backend = ENGINES[name](model_dir, threads)
     try:
-        run_episodes(tasks[:8], harness, backend, "bench", params)  # warm-up
+        pair = Responder(harness, backend, "bench", family=family)
+        pair.episodes(tasks[:8], params)  # warm-up
         started = time.perf_counter()
-        trajectories = run_episodes(tasks, harness, backend, "bench", params)
+        trajectories = pair.episodes(tasks, params)
         seconds = time.perf_counter() - started
-        right = sum(solved(tasks, harness, family, backend, "bench", params, None).values())
+        right = sum(solved(pair, tasks, params).values())
     finally:
         backend.close()
     by_id = {t.id: t for t in tasks}

@@ -308,16 +308,18 @@ def proxy(engine: str) -> Iterator[str]:
 
 def engine_sender(champion, backend, params) -> Callable[[int, str], None]:
     """A request's engine work as the proxy does it, without the proxy: the plan's calls when the champion's
-    harness has a plan (``rsi.mol.proxy.plan_answer``), else one ``generate`` of the prompt."""
-    from rsi.mol.proxy import plan_answer, posed_task
+    harness has a plan (``rsi.pair.Responder.answer_task``), else one ``generate`` of the prompt."""
+    from rsi.models import Message
+    from rsi.pair import Responder
 
     adapter = str(champion.adapter_dir)
+    pair = Responder(champion.harness, backend, champion.pair_id, adapter)
     plan = champion.harness.document.plan is not None
 
     def send(c: int, prompt: str) -> None:
-        task = posed_task(champion.harness, [{"role": "user", "content": prompt}]) if plan else None
+        task = pair.posed(Message(role="user", content=prompt)) if plan else None
         if task is not None:
-            plan_answer(task, champion, backend, params)
+            pair.answer_task(task, params)
         else:
             backend.generate([prompt], params, adapter=adapter)
 

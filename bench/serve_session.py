@@ -59,7 +59,7 @@ def ask(client: Any, task: Any, champion: Any, family: Any, conversation: str | 
         first: Any = None) -> tuple[bool, str, str | None]:
     """One task through the proxy: (solved, who answered the first turn, conversation id). A tool episode runs
     its calls on the client's own environment; ``first`` continues one whose first reply came already."""
-    from rsi.audit import parse_reply
+    from rsi.hcp.syntax import parse_reply
     from rsi.substrate import Session
 
     from rsi.mol.routers import user_text
@@ -95,16 +95,14 @@ def direct(champions: dict[str, Any], tasks: dict[str, list]) -> dict[str, dict[
     """The baseline: each champion on its tasks, evaluated as its lineage is (greedy, no proxy)."""
     from rsi.backends import get_backend
     from rsi.evaluate import solved
-    from rsi.execute import sampling_params
-    from rsi.tasks import get_family
+    from rsi.pair import Responder, sampling_params
 
     out = {}
     for name, champion in champions.items():
         backend = get_backend("hf", model_dir=champion.base_dir)
         try:
-            out[name] = solved(tasks[name], champion.harness, get_family(champion.harness.document.family), backend,
-                               champion.pair_id, sampling_params(champion.harness, seed=0, greedy=True),
-                               str(champion.adapter_dir))
+            pair = Responder(champion.harness, backend, champion.pair_id, champion.adapter_dir)
+            out[name] = solved(pair, tasks[name], sampling_params(champion.harness, seed=0, greedy=True))
         finally:
             backend.close()
     return out

@@ -33,7 +33,7 @@ def workload(run):
     from sqlalchemy import select
 
     from flows.cycle import discover
-    from rsi.execute import sampling_params
+    from rsi.pair import sampling_params
     from rsi.splits import stream_seed
     from rsi.store.records import task_from_row
     from rsi.store.schema import TaskRow

@@ -54,6 +54,7 @@ def measure(levels: list[int], n: int) -> dict[str, Any]:
     from rsi.config import get_settings
     from rsi.cycle import load_config, open_run
     from rsi.evaluate import evaluate
+    from rsi.pair import Responder
 
     config = load_config("smollm2", lineage="smollm2-bench")
     started = time.perf_counter()
@@ -65,8 +66,8 @@ def measure(levels: list[int], n: int) -> dict[str, Any]:
         harness, base_dir = run.harness, run.base_dir
         started = time.perf_counter()
         backend = HFBackend(base_dir)
-        scores = {name: evaluate(harness, run.family, backend, name, levels, n, lineage_seed=config.seed,
-                                 adapter=adapter, split="test")
+        scores = {name: evaluate(Responder(harness, backend, name, adapter, run.family), levels, n,
+                                 lineage_seed=config.seed, split="test")
                   for name, adapter in (("before", None), ("after", trained.adapter_dir))}
         eval_s = time.perf_counter() - started
     return {

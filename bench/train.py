@@ -59,11 +59,12 @@ def open_run(profile: str, root: Path):
 def heldout(run, adapter: Path | None, levels: list[int], n: int) -> dict[int, float]:
     """Greedy held-out accuracy per level of the base plus ``adapter``, as the cycle evaluates a pair."""
     from rsi.evaluate import evaluate
+    from rsi.pair import Responder
     from rsi.train import adapter_hash
 
     pair = run.pair(adapter_hash(adapter) if adapter else None)
-    scores = evaluate(run.harness, run.family, run.backend, pair.id, levels, n,
-                      lineage_seed=run.config.seed, adapter=str(adapter) if adapter else None)
+    scores = evaluate(Responder(run.harness, run.backend, pair.id, adapter, run.family), levels, n,
+                      lineage_seed=run.config.seed)
     return {sc.level: sc.accuracy for sc in scores}
 
 
@@ -71,7 +72,7 @@ def generation_one_data(run, levels: list[int], eval_n: int) -> tuple[Any, dict[
     """Generation 1's selection: the base's verified samples at the levels the curriculum picks."""
     from rsi.audit import audit, prompt_text
     from rsi.curriculum import frontier, plan_levels
-    from rsi.execute import rollout, sampling_params
+    from rsi.pair import Responder, sampling_params
     from rsi.select import Candidate, select
     from rsi.splits import stream_seed
 
@@ -84,7 +85,8 @@ def generation_one_data(run, levels: list[int], eval_n: int) -> tuple[Any, dict[
     tasks += [t for lvl in range(1, mastered + 1)
               for t in run.family.tasks("train", stream_seed("replay", config.seed, 1), lvl, config.replay_tasks_per_level)]
     by_id = {t.id: t for t in tasks}
-    samples = rollout(tasks, run.harness, run.backend, run.pair(None).id, sampling_params(run.harness, seed=seed))
+    samples = Responder(run.harness, run.backend, run.pair(None).id, family=run.family).episodes(
+        tasks, sampling_params(run.harness, seed=seed))
     candidates = [Candidate(trajectory_id=s.id, task_id=s.task_id, level=by_id[s.task_id].level,
                             prompt=prompt_text(s), completion=s.completion,
                             passed=audit(s, by_id[s.task_id], run.harness, run.family).passed) for s in samples]

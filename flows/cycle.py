@@ -55,7 +55,7 @@ from sqlalchemy import select as sql_select  # noqa: E402
 from rsi.attribution import attribute  # noqa: E402
 from rsi.attribution import summary as attribution_summary  # noqa: E402
 from rsi.attribution import table as attribution_table  # noqa: E402
-from rsi.episodes import training_parts  # noqa: E402
+from rsi.pair.text import training_parts  # noqa: E402
 from rsi.curriculum import frontier, plan_levels  # noqa: E402
 from rsi.cycle import (  # noqa: E402
     Audited, Champion, CycleConfig, Discovered, Executed, HarnessCandidate, HarnessSearchSpec, Judged, LineageRun,
@@ -67,13 +67,13 @@ from rsi.decomposition import metrics as gain_metrics  # noqa: E402
 from rsi.decomposition import rows as gain_rows  # noqa: E402
 from rsi.errors import RsiError  # noqa: E402
 from rsi.evaluate import answer_of, evaluation_tasks, majority_answers  # noqa: E402
-from rsi.execute import sampling_params  # noqa: E402
+from rsi.pair import sampling_params  # noqa: E402
 from rsi.gate import decide  # noqa: E402
 from rsi.hashing import digest  # noqa: E402
 from rsi.hcp import Harness  # noqa: E402
 from rsi.migrate import changes_format, rerender, true_example  # noqa: E402
 from rsi.models import Task, Trajectory  # noqa: E402
-from rsi.plans import calls_with_gold, poses  # noqa: E402
+from rsi.hcp.plays import calls_with_gold, poses  # noqa: E402
 from rsi.select import Candidate, Dataset, Example, select  # noqa: E402
 from rsi.splits import stream_seed  # noqa: E402
 from rsi.store.records import (  # noqa: E402
@@ -462,7 +462,7 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
     lineage's own verified answers re-rendered under it when its format differs, and judged against the
     champion. The candidate the gate promotes (the best, if several) is adopted."""
     from rsi.proposers import propose
-    from rsi.store.harnesses import store_new
+    from rsi.store.harnesses import store_proposal
 
     run = current_run(config)
     gen = run.generation_row(number)
@@ -472,7 +472,7 @@ def search_harness(config: CycleConfig, number: int, champ: Champion, found: Dis
         parent = run.harness_of(champ)
         proposals = propose(parent, spec.proposers, spec.space)
         with run.write() as s:
-            harnesses = [store_new(s, p.document, p.sources, run.settings.home) for p in proposals]
+            harnesses = [store_proposal(s, p.document, p.sources, run.settings.home) for p in proposals]
         migration = store_migration_set(run, gen)
         adapter_hash = run.load_pair(champ.pair_id).adapter_hash
         candidates: list[HarnessCandidate] = []

@@ -27,20 +27,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rsi.errors import UserError
-from rsi.hcp import Answer, Harness, HCPDocument
+from rsi.hcp import Harness, HCPDocument
+from rsi.hcp.syntax import parse_reply
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
-from rsi.parsers import Parsed, get_parser
+from rsi.parsers import Parsed
 from rsi.substrate import Session, replay, result_text, schema_problem
 from rsi.tasks import DERIVED_SEED, TaskFamily, get_family
 from rsi.tokens import TokenCounter, token_counter
-
-
-def parse_reply(text: str, answer: Answer) -> Parsed:
-    """Parse the reply; a parser that raises yields a failed parse with the reason, not an exception."""
-    try:
-        return get_parser(answer.parser)(text, **answer.params)
-    except Exception as exc:  # noqa: BLE001 - any parser failure is a judgement, not a crash
-        return Parsed(ok=False, error=f"parser {answer.parser!r} raised {type(exc).__name__}: {exc}")
 
 
 class Case:

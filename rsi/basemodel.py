@@ -279,8 +279,9 @@ def _pretraining_batches(r: BaseRecipe):
 def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]]]:
     """Per train level, the (input ids, labels) of the family's expert episodes of every distinct train-split
     task drawn (up to 4,096 a level): the transcript under the recipe's harness, the loss on the assistant turns
-    and their EOS only (``rsi.episodes.segments``), not on the expert's mistakes (``BaseRecipe.mistakes``)."""
-    from rsi.episodes import demonstration, segments
+    and their EOS only (``rsi.pair.text.segments``), not on the expert's mistakes (``BaseRecipe.mistakes``)."""
+    from rsi.hcp.plays import demonstration
+    from rsi.pair.text import segments
     from rsi.hcp import load_harness
     from rsi.tasks import get_family
 
@@ -517,6 +518,7 @@ def _evaluate_episodes(model_dir: Path, r: BaseRecipe, n: int) -> tuple[dict[int
     from rsi.backends.hf import HFBackend
     from rsi.evaluate import evaluate
     from rsi.hcp import load_harness
+    from rsi.pair import Responder
     from rsi.tasks import get_family
 
     harness, family = load_harness(r.harness), get_family(r.family)
@@ -524,9 +526,10 @@ def _evaluate_episodes(model_dir: Path, r: BaseRecipe, n: int) -> tuple[dict[int
     levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= family.max_level})
     backend = HFBackend(model_dir)
     try:
-        greedy = evaluate(harness, family, backend, "pair-base", levels, n, lineage_seed=r.seed)
+        pair = Responder(harness, backend, "pair-base", family=family)
+        greedy = evaluate(pair, levels, n, lineage_seed=r.seed)
         beyond = [lv for lv in (top + 1,) if lv <= family.max_level]
-        pass8 = evaluate(harness, family, backend, "pair-base", beyond, n, lineage_seed=r.seed, k=8)
+        pass8 = evaluate(pair, beyond, n, lineage_seed=r.seed, k=8)
     finally:
         backend.close()
     return {s.level: s.accuracy for s in greedy}, {s.level: s.accuracy for s in pass8}

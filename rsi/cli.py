@@ -385,6 +385,7 @@ def eval_cmd(
     from rsi.evaluate import evaluate, expressible
     from rsi.hcp import load_harness
     from rsi.models import Pair
+    from rsi.pair import Responder
     from rsi.tasks import get_family
     from rsi.train import adapter_hash
 
@@ -418,8 +419,8 @@ def eval_cmd(
         pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                     harness_id=harness.id, harness_hash=harness.hash)
         posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
-        scores = evaluate(harness, family, backend, pair.id, posable, n, lineage_seed=config.seed,
-                          adapter=str(adapter) if adapter else None, k=k, split=split)  # type: ignore[arg-type]
+        scores = evaluate(Responder(harness, backend, pair.id, adapter, family), posable, n, lineage_seed=config.seed,
+                          k=k, split=split)  # type: ignore[arg-type]
         return {sc.level: sc for sc in scores}
 
     if references:

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from rsi.audit import audit
-from rsi.backends.base import GenerationBackend, SamplingParams
+from rsi.backends.base import SamplingParams
 from rsi.errors import UserError
-from rsi.execute import rollout, sampling_params
 from rsi.hcp import Harness
+from rsi.hcp.plays import poses
 from rsi.models import Split, Task
-from rsi.plans import poses, run_plans
+from rsi.pair import Responder, sampling_params
 from rsi.splits import stream_seed
 from rsi.tasks import TaskFamily
 
@@ -67,30 +67,18 @@ def posable(harness: Harness, family: TaskFamily, tasks: Sequence[Task]) -> list
     return [task for task in tasks if poses(harness, family, task)]
 
 
-def evaluate(
-    harness: Harness,
-    family: TaskFamily,
-    backend: GenerationBackend,
-    pair_id: str,
-    levels: Sequence[int],
-    n: int,
-    *,
-    lineage_seed: int = 0,
-    adapter: str | None = None,
-    k: int = 1,
-    split: Split = "heldout",
-    agreement: bool = False,
-) -> list[LevelScore]:
-    """Greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on up to ``n`` distinct
-    tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer).
+def evaluate(responder: Responder, levels: Sequence[int], n: int, *, lineage_seed: int = 0, k: int = 1,
+             split: Split = "heldout", agreement: bool = False) -> list[LevelScore]:
+    """The pair's greedy accuracy (k=1) or pass@k at the harness's temperature, per level, on up to ``n``
+    distinct tasks of ``split`` (``heldout`` decides, ``test`` only reports; fewer when the split holds fewer).
     ``agreement``: LABEL-FREE, the share of tasks on which the pair agrees with itself (``agreed``)."""
+    harness, family = responder.harness, responder.family
     if agreement:
         tasks, params = evaluation_tasks(harness, family, levels, n, lineage_seed=lineage_seed,
                                          k=harness.document.decoding.samples, split=split)
-        return level_scores(tasks, agreed(tasks, harness, family, backend, pair_id, params, adapter), levels, n,
-                            k=1, decoding="agreement")
+        return level_scores(tasks, agreed(responder, tasks, params), levels, n, k=1, decoding="agreement")
     tasks, params = evaluation_tasks(harness, family, levels, n, lineage_seed=lineage_seed, k=k, split=split)
-    return level_scores(tasks, solved(tasks, harness, family, backend, pair_id, params, adapter), levels, n, k)
+    return level_scores(tasks, solved(responder, tasks, params), levels, n, k)
 
 
 def evaluation_tasks(harness: Harness, family: TaskFamily, levels: Sequence[int], n: int, *, lineage_seed: int,
@@ -103,27 +91,26 @@ def evaluation_tasks(harness: Harness, family: TaskFamily, levels: Sequence[int]
     return [t for level in levels for t in family.tasks(split, seed, level, n)], params
 
 
-def solved(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend, pair_id: str,
-           params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+def solved(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -> dict[str, bool]:
     """Per task id: whether at least one of its samples passes the audit; a task the harness cannot pose is
     not solved. Tasks are independent, so a runner may solve them in shards and merge the answers."""
+    harness, family = responder.harness, responder.family
     out = {t.id: False for t in tasks}
     tasks = posable(harness, family, tasks)
     if harness.document.plan is not None:
-        return out | solved_by_plan(tasks, harness, family, backend, pair_id, params, adapter)
-    trajectories = rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
+        return out | solved_by_plan(responder, tasks, params)
     by_task = {t.id: t for t in tasks}
-    for traj in trajectories:
+    for traj in responder.episodes(tasks, params):
         ok = audit(traj, by_task[traj.task_id], harness, family).passed
         out[traj.task_id] = out.get(traj.task_id, False) or ok
     return out
 
 
-def solved_by_plan(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend,
-                   pair_id: str, params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+def solved_by_plan(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -> dict[str, bool]:
     """Per task id: whether a run of the harness's plan composed an answer the family accepts, every call of
     that run passing its own audit (so a right answer reached through a malformed call does not count)."""
-    done = run_plans(tasks, harness, family, backend, pair_id, params, adapter)
+    harness, family = responder.harness, responder.family
+    done = responder.run(tasks, params)
     passed = {t.id: audit(t, done.tasks[t.task_id], harness, family).passed for t in done.trajectories}
     by_id = {t.id: t for t in tasks}
     out = {t.id: False for t in tasks}
@@ -133,18 +120,17 @@ def solved_by_plan(tasks: Sequence[Task], harness: Harness, family: TaskFamily, 
     return out
 
 
-def agreed(tasks: Sequence[Task], harness: Harness, family: TaskFamily, backend: GenerationBackend, pair_id: str,
-           params: SamplingParams, adapter: str | None) -> dict[str, bool]:
+def agreed(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -> dict[str, bool]:
     """LABEL-FREE: per task id, whether more than half of its ``params.n`` samples give one same answer
     (parsed under the harness's answer format with nothing after it; under a plan, the answers its runs
     compose). No verifier, no true answer: what a loop without labels can measure of itself."""
+    harness = responder.harness
     out = {t.id: False for t in tasks}
-    tasks = posable(harness, family, tasks)
+    tasks = posable(harness, responder.family, tasks)
     if harness.document.plan is not None:
-        answers = [(p.task_id, p.answer) for p in run_plans(tasks, harness, family, backend, pair_id, params,
-                                                              adapter).paths if p.answer is not None]
+        answers = [(p.task_id, p.answer) for p in responder.run(tasks, params).paths if p.answer is not None]
     else:
-        answers = [(t.task_id, value) for t in rollout(tasks, harness, backend, pair_id, params, adapter=adapter)
+        answers = [(t.task_id, value) for t in responder.episodes(tasks, params)
                    if (value := answer_of(harness, t.completion)) is not None]
     for task_id, answer in majority_answers(answers, params.n).items():
         out[task_id] = answer is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rsi.episodes import chat_format, model_input, training_parts
+from rsi.pair.text import chat_format, model_input, training_parts
 from rsi.errors import UserError
 from rsi.hcp import Harness
 from rsi.models import Task, Trajectory
@@ -45,7 +45,7 @@ def true_example(trajectory: Trajectory, task: Task, harness: Harness, family: T
                  kind: str = "frontier") -> Example:
     """ABLATION (``labels = "truth"``): what ``trajectory``'s task should have taught: its true answer in
     ``harness``'s format, or for a tool harness the family's expert episode; the sample itself is not used."""
-    from rsi.episodes import demonstration
+    from rsi.hcp.plays import demonstration
 
     if harness.document.tools:
         prompt, completion, turns = training_parts(demonstration(harness, family, task).messages, chat_format(harness))

@@ -60,8 +60,16 @@ class PairModel(mlflow.pyfunc.PythonModel):
         self.adapter = context.artifacts.get("adapter")
         self.backend = get_backend("hf", model_dir=base_dir)
 
+    @property
+    def pair(self) -> Any:
+        """The pair answering: the harness, the base's backend and the adapter (``rsi.pair.Responder``)."""
+        from rsi.pair import Responder
+
+        return Responder(self.harness, self.backend, "pyfunc", self.adapter)
+
     def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        from rsi.execute import sampling_params
+        from rsi.models import Message
+        from rsi.pair import sampling_params
         from rsi.parsers import get_parser
 
         items, greedy = _items(model_input), sampling_params(self.harness, seed=0, greedy=True)
@@ -70,14 +78,11 @@ class PairModel(mlflow.pyfunc.PythonModel):
         if self.harness.document.tools:
             return self._predict_episodes(items, greedy)
         prompts = [item if isinstance(item, str) else self.harness.prompt(item) for item in items]
-        if self.harness.chat:  # a string is the user's message; a payload, the harness's prompt messages
-            from rsi.models import Message
-
-            conversations = [[Message(role="user", content=item)] if isinstance(item, str) else
-                             [Message(role=r, content=c) for r, c in self.harness.prompt_messages(item)] for item in items]
-            outputs = self.backend.chat(conversations, self.harness.chat_tools, greedy, adapter=self.adapter)
-        else:
-            outputs = self.backend.generate(prompts, greedy, adapter=self.adapter)
+        # a string is the user's message (in completion mode the model's input itself); a payload, the harness's
+        # prompt messages
+        conversations = [[Message(role="user", content=item)] if isinstance(item, str) else
+                         [Message(role=r, content=c) for r, c in self.harness.prompt_messages(item)] for item in items]
+        outputs = self.pair.ask(conversations, greedy)
         answer = self.harness.document.answer
         parse = get_parser(answer.parser)
         predictions = []
@@ -92,12 +97,9 @@ class PairModel(mlflow.pyfunc.PythonModel):
     def _predict_planned(self, payloads: list[dict[str, Any]], greedy) -> list[dict[str, Any]]:
         """Payloads under a harness with a plan: each posed through its calls; the answer is the composed one
         (None where a call gave none), the completion the calls' replies in order."""
-        from rsi.plans import run_plans
-        from rsi.tasks import get_family
-
         from rsi.errors import UserError
 
-        family = get_family(self.harness.document.family)
+        family = self.pair.family
         tasks = []
         for i, payload in enumerate(payloads):
             try:
@@ -105,7 +107,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
                                 f"{exc}); pass payloads like the family's tasks, or prompt strings") from None
-        done = run_plans(tasks, self.harness, family, self.backend, "pyfunc", greedy, self.adapter)
+        done = self.pair.run(tasks, greedy)
         replies = {t.id: t.completion for t in done.trajectories}
         return [{"prompt": None, "completion": " ".join(replies[c] for c in path.calls), "answer": path.answer,
                  "calls": len(path.calls), "finish_reason": "stop" if path.answer is not None else "error"}
@@ -115,14 +117,13 @@ class PairModel(mlflow.pyfunc.PythonModel):
     def _predict_episodes(self, payloads: list[Any], greedy) -> list[dict[str, Any]]:
         """Payloads under a tool harness: each played as an episode on the family's environment; the prediction
         is its turns (calls and final reply), the final state (replayed from the calls) and the parsed answer."""
-        from rsi.audit import parse_reply
-        from rsi.episodes import run_episodes
         from rsi.errors import UserError
+        from rsi.hcp.syntax import parse_reply
         from rsi.models import Task
         from rsi.substrate import replay
-        from rsi.tasks import DERIVED_SEED, get_family
+        from rsi.tasks import DERIVED_SEED
 
-        family = get_family(self.harness.document.family)
+        family = self.pair.family
         tasks = []
         for i, payload in enumerate(payloads):
             try:
@@ -136,8 +137,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
                 raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
                                 f"{exc}); pass payloads like the family's tasks") from None
         predictions = []
-        for task, trajectory in zip(tasks, run_episodes(tasks, self.harness, self.backend, "pyfunc", greedy,
-                                                        self.adapter, family), strict=True):
+        for task, trajectory in zip(tasks, self.pair.episodes(tasks, greedy), strict=True):
             calls = [(c.id, c.name, c.arguments) for m in trajectory.messages for c in m.tool_calls]
             parsed = parse_reply(trajectory.completion, self.harness.document.answer)
             predictions.append({"turns": [m.content for m in trajectory.messages if m.role == "assistant"],

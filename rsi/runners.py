@@ -32,11 +32,12 @@ from rsi.audit import audit
 from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, evaluation_tasks, level_scores, posable, solved
 from rsi.hashing import digest
-from rsi.plans import pose
+from rsi.pair import Responder
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rsi.backends.base import GenerationBackend, SamplingParams
-    from rsi.cycle import LineageRun
     from rsi.hcp import Harness
     from rsi.models import Pair, Split, Task, Trajectory, Verdict
     from rsi.tasks import TaskFamily
@@ -49,7 +50,7 @@ class Runner(Protocol):
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
-        """Trajectories, and the tasks a plan's calls posed (``rsi.plans.pose``)."""
+        """Trajectories, and the tasks a plan's calls posed (``rsi.pair.Responder.run``)."""
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]: ...
@@ -60,7 +61,23 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def make_runner(run: LineageRun) -> Runner:
+def posed(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -> tuple[list[Trajectory], list[Task]]:
+    """The trajectories of ``tasks`` under the pair, and the tasks its plan's calls posed (none without a plan)."""
+    run = responder.run(tasks, params)
+    return run.trajectories, list(run.tasks.values())
+
+
+class RunParts(Protocol):
+    """What a runner reads of the lineage run it serves (``rsi.cycle.LineageRun`` is one): its config's
+    ``runner``, ``shards`` and ``backend``, its family, its backend and its base model's directory."""
+
+    config: Any
+    family: TaskFamily
+    backend: GenerationBackend
+    base_dir: Path
+
+
+def make_runner(run: RunParts) -> Runner:
     """The runner ``run.config.runner`` names; a ray runner is checked here and connects on first use."""
     if run.config.runner == "ray":
         return RayRunner(run, run.config.shards)
@@ -70,12 +87,12 @@ def make_runner(run: LineageRun) -> Runner:
 class LocalRunner:
     """Everything in this process, on the lineage run's backend (built on first use)."""
 
-    def __init__(self, run: LineageRun):
+    def __init__(self, run: RunParts):
         self.run = run
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
-        return pose(tasks, harness, self.run.family, self.run.backend, pair_id, params, adapter=adapter)
+        return posed(Responder(harness, self.run.backend, pair_id, adapter, self.run.family), tasks, params)
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]:
@@ -83,8 +100,8 @@ class LocalRunner:
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
                  adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
-        return evaluate(harness, self.run.family, self.run.backend, pair_id, levels, n,
-                        lineage_seed=lineage_seed, adapter=adapter, split=split, agreement=agreement)
+        return evaluate(Responder(harness, self.run.backend, pair_id, adapter, self.run.family), levels, n,
+                        lineage_seed=lineage_seed, split=split, agreement=agreement)
 
     def close(self) -> None:
         pass  # the backend belongs to the lineage run
@@ -105,7 +122,7 @@ class WorkerSpec(NamedTuple):
 class RayRunner:
     """Shards on Ray: ``shards`` per stage (0: one per CPU of the cluster)."""
 
-    def __init__(self, run: LineageRun, shards: int = 0):
+    def __init__(self, run: RunParts, shards: int = 0):
         if importlib.util.find_spec("ray") is None:
             raise UserError("runner 'ray' needs Ray, which is not installed: pip install 'rsi[ray]'")
         if run.config.backend != "hf":
@@ -252,7 +269,7 @@ def _backend(model_dir: str) -> GenerationBackend:
 def _rollout_shard(spec: WorkerSpec, tasks: list[Task], pair_id: str, params: SamplingParams,
                    adapter: str | None) -> tuple[list[Trajectory], list[Task]]:
     harness, family = _harness(spec)
-    return pose(tasks, harness, family, _backend(spec.model_dir), pair_id, params, adapter=adapter)
+    return posed(Responder(harness, _backend(spec.model_dir), pair_id, adapter, family), tasks, params)
 
 
 def _audit_shard(spec: WorkerSpec, trajectories: list[Trajectory], tasks: dict[str, Task],
@@ -264,4 +281,4 @@ def _audit_shard(spec: WorkerSpec, trajectories: list[Trajectory], tasks: dict[s
 def _solve_shard(spec: WorkerSpec, tasks: list[Task], pair_id: str, params: SamplingParams,
                  adapter: str | None) -> dict[str, bool]:
     harness, family = _harness(spec)
-    return solved(tasks, harness, family, _backend(spec.model_dir), pair_id, params, adapter)
+    return solved(Responder(harness, _backend(spec.model_dir), pair_id, adapter, family), tasks, params)

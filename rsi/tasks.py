@@ -32,7 +32,7 @@ DERIVED_SEED = -1  # the seed of a derived task: one a plan poses as part of ano
 # with the task's payload and the harness's plan params, it yields lists of call payloads (one round of calls, run
 # in one batch), receives their parsed answers (None where a call gave none) and returns the task's answer
 # composed from them (None when it cannot). It gets neither the task's answer nor the family, so it cannot solve
-# or verify: the runner (``rsi.plans``) makes each call a task for the auditor.
+# or verify: the runner (``rsi.pair.plans``) makes each call a task for the auditor.
 Plan = Callable[[dict[str, Any], dict[str, Any]], Generator[list[dict[str, Any]], list[Any], Any]]
 
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from rsi.backends.base import Completion, SamplingParams
+from rsi.backends.base import SamplingParams
 from rsi.evaluate import agreed, evaluate
 from rsi.hcp import load_harness
-from rsi.parsers import digits_lsb
 from rsi.models import Message, Timings, TokenCounts, Trajectory
+from rsi.pair import Responder
+from rsi.parsers import digits_lsb
 from rsi.tasks import get_family
+
+from .fakes import FakeModel, voters
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = get_family("addition")
@@ -77,42 +79,23 @@ def test_the_claimed_difference_is_over_cells_against_the_best_single_component_
     assert claim["high"] - claim["mean"] == pytest.approx(4.303 * 0.02 / 3**0.5)  # t(0.975, 2) * sd / sqrt(3)
 
 
-class FakeVoters:
-    """FAKE backend: for a reverse-padded ``A+B=`` prompt, ``right`` of its ``n`` samples give A + B and the rest
-    give A + B + 1 (greedy: one sample, right only where ``right`` covers all)."""
-
-    def __init__(self, right: int):
-        self.right = right
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None):
-        out = []
-        for prompt in prompts:
-            left, right = prompt.removesuffix("=").split("+")
-            a, b = int(left[::-1]), int(right[::-1])
-            texts = [str(a + b + (i >= self.right))[::-1].ljust(len(left) + 1, "0") for i in range(params.n)]
-            out.append([Completion(text=t, prompt_tokens=len(prompt) + 1, completion_tokens=len(t) + 1,
-                                   finish_reason="stop") for t in texts])
-        return out
-
-    def close(self) -> None:
-        pass
-
-
 def test_label_free_scores_self_agreement_and_never_the_truth():
     """A model always wrong the same way agrees with itself fully (and scores 0 against the truth); one split 4-4
     agrees on nothing: the score reads the samples, not the answers."""
     v2 = load_harness("addition/v2")
-    wrong, split, right = FakeVoters(right=0), FakeVoters(right=4), FakeVoters(right=8)
+    wrong, split, right = FakeModel(voters(0)), FakeModel(voters(4)), FakeModel(voters(8))
     for backend, agreement, truth in ((wrong, 1.0, 0.0), (split, 0.0, None), (right, 1.0, 1.0)):
-        scored = evaluate(v2, FAMILY, backend, "pair-x", [3, 4], 16, agreement=True)
+        pair = Responder(v2, backend, "pair-x", family=FAMILY)
+        scored = evaluate(pair, [3, 4], 16, agreement=True)
         assert [sc.accuracy for sc in scored] == [agreement, agreement] and scored[0].decoding == "agreement"
         if truth is not None:
-            assert [sc.accuracy for sc in evaluate(v2, FAMILY, backend, "pair-x", [3], 16)] == [truth]
+            assert [sc.accuracy for sc in evaluate(pair, [3], 16)] == [truth]
     tasks = FAMILY.tasks("heldout", 0, 3, 8)
     broken = [t.model_copy(update={"answer": -1}) for t in tasks]  # answers the scoring must not read
     params = SamplingParams(max_new_tokens=12, n=8, temperature=1.0)
-    with_truth = agreed(tasks, v2, FAMILY, wrong, "pair-x", params, None)
-    assert list(agreed(broken, v2, FAMILY, wrong, "pair-x", params, None).values()) == list(with_truth.values())
+    pair = Responder(v2, wrong, "pair-x", family=FAMILY)
+    with_truth = agreed(pair, tasks, params)
+    assert list(agreed(pair, broken, params).values()) == list(with_truth.values())
 
 
 def trajectory(task, text: str, i: int) -> Trajectory:

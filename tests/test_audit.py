@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rsi.audit import RULES, audit, audit_jsonl
-from rsi.episodes import demonstration
+from rsi.hcp.plays import demonstration
 from rsi.hcp import CONTRACT_RULES, Harness, HCPDocument, load_harness
 from rsi.models import Message, Pair, Task, Timings, TokenCounts, ToolCall, ToolRecord, Trajectory
 from rsi.parsers import PARSERS
@@ -483,7 +483,7 @@ def test_counted_tokens_equal_the_hf_backend(tmp_path: Path) -> None:
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
     from rsi.cycle import load_config
-    from rsi.execute import rollout, sampling_params
+    from rsi.pair import Responder, sampling_params
 
     model_dir = ensure_base(Settings(home=tmp_path), BaseRecipe(**load_config("tiny").base_recipe))
     backend = get_backend("hf", model_dir=model_dir)
@@ -494,7 +494,7 @@ def test_counted_tokens_equal_the_hf_backend(tmp_path: Path) -> None:
     for harness in (FULL, short, stops):
         for greedy in (True, False):
             params = sampling_params(harness, seed=3, samples=4, greedy=greedy)
-            for traj in rollout(list(tasks.values()), harness, backend, pair_of(harness).id, params):
+            for traj in Responder(harness, backend, pair_of(harness).id).episodes(list(tasks.values()), params):
                 verdict = audit(traj, tasks[traj.task_id], harness, FAMILY, pair_of(harness))
                 limits = next(r for r in verdict.rules if r.rule == "limits")
                 assert traj.tokens.prompt == BUILTIN.prompt(traj.messages[0].content)

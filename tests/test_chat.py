@@ -19,14 +19,15 @@ from rsi.audit import audit  # noqa: E402
 from rsi.backends.base import Completion, SamplingParams  # noqa: E402
 from rsi.backends.hf import HFBackend  # noqa: E402
 from rsi.chat import parse_tool_calls, render  # noqa: E402
-from rsi.episodes import chat_format, training_parts  # noqa: E402
 from rsi.errors import UserError  # noqa: E402
-from rsi.execute import rollout, sampling_params  # noqa: E402
 from rsi.hcp import load_harness  # noqa: E402
 from rsi.models import Message, ToolCall  # noqa: E402
+from rsi.pair import Responder, sampling_params  # noqa: E402
+from rsi.pair.text import chat_format, training_parts  # noqa: E402
 from rsi.select import Example  # noqa: E402
 from rsi.tasks import get_family  # noqa: E402
 from rsi.train import encode  # noqa: E402
+from tests.fakes import FakeModel  # noqa: E402
 from tests.test_backend_hf import build_tiny_llama  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def test_chat_rollout_sends_the_template_and_passes_the_token_audit(chat_model: 
     backend = HFBackend(chat_model, batch_size=8)
     tokenizer = backend.tokenizer
     for params in (sampling_params(chat_harness, seed=0, greedy=True), sampling_params(chat_harness, seed=1, samples=2)):
-        trajectories = rollout(tasks, chat_harness, backend, "pair", params)
+        trajectories = Responder(chat_harness, backend, "pair").episodes(tasks, params)
         assert len(trajectories) == len(tasks) * params.n
         for t in trajectories:
             prompt = list(t.messages[:2])
@@ -81,7 +82,8 @@ def test_chat_rollout_sends_the_template_and_passes_the_token_audit(chat_model: 
 def test_the_auditor_counts_the_template_not_the_concatenation(chat_model: Path, chat_harness) -> None:
     family = get_family("addition")
     task = family.tasks("test", 0, 1, 1)[0]
-    t = rollout([task], chat_harness, HFBackend(chat_model), "pair", sampling_params(chat_harness, seed=0, greedy=True))[0]
+    pair = Responder(chat_harness, HFBackend(chat_model), "pair")
+    t = pair.episodes([task], sampling_params(chat_harness, seed=0, greedy=True))[0]
     forged = t.model_copy(update={"tokens": t.tokens.model_copy(update={"prompt": t.tokens.prompt + 1})})
     forged = forged.model_copy(update={"id": forged.content_id})
     limits = next(r for r in audit(forged, task, chat_harness, family).rules if r.rule == "limits")
@@ -178,7 +180,7 @@ def test_smollm2_answers_under_its_chat_harness() -> None:
     family = get_family("addition")
     task = family.tasks("test", 0, 1, 1)[0]
     backend = HFBackend(harness.base_model_dir())
-    (t,) = rollout([task], harness, backend, "pair", sampling_params(harness, seed=0, greedy=True))
+    (t,) = Responder(harness, backend, "pair").episodes([task], sampling_params(harness, seed=0, greedy=True))
     assert t.completion.startswith("The answer is "), t.completion
     assert audit(t, task, harness, family).failed_rules() in ([], ["answer_correct"])
 
@@ -191,7 +193,8 @@ def test_lora_trains_on_chat_examples_and_the_backend_chats_with_it(chat_model: 
     tasks = family.tasks("train", 0, 1, 4)
     backend = HFBackend(chat_model)
     examples = []
-    for t in rollout(tasks, chat_harness, backend, "pair", sampling_params(chat_harness, seed=0, greedy=True)):
+    greedy = sampling_params(chat_harness, seed=0, greedy=True)
+    for t in Responder(chat_harness, backend, "pair").episodes(tasks, greedy):
         prompt, completion, turns = training_parts(t.messages, chat_format(chat_harness))
         examples.append(Example(trajectory_id=t.id, level=1, prompt=prompt, completion=completion, source="frontier",
                                 turns=turns, chat=True))
@@ -211,21 +214,14 @@ def test_the_smollm2_profile_runs_the_chat_harness() -> None:
     assert harness.chat and harness.id == "addition/smollm2-v1" and not config.harness_search.enabled
 
 
-class ScriptedChatBackend:
-    """A fake backend, named as such: it scripts a tool call, then 'done', to test the episode runner's logic
+def scripted_chat(conversation: list[Message], k: int) -> Completion:
+    """A FAKE model's chat reply (``tests/fakes.py``): a tool call, then 'done', to test the episode runner's logic
     around chat replies (the real chat path is tested on the tiny model above)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[list[list[Message]], list[dict]]] = []
-
-    def chat(self, conversations, tools, params, adapter=None):
-        self.calls.append(([list(c) for c in conversations], list(tools)))
+    if not any(m.role == "assistant" for m in conversation):
         call = ToolCall(id="call_0", name="swap", arguments={"i": 0})
-        replies = [Completion(text='<tool_call>{"name": "swap", "arguments": {"i": 0}}</tool_call>',
-                              tool_calls=(call,), prompt_tokens=5, completion_tokens=3, finish_reason="stop")
-                   if not any(m.role == "assistant" for m in c) else
-                   Completion(text="done", prompt_tokens=5, completion_tokens=2, finish_reason="stop") for c in conversations]
-        return [[r] * params.n for r in replies]
+        return Completion(text='<tool_call>{"name": "swap", "arguments": {"i": 0}}</tool_call>', tool_calls=(call,),
+                          prompt_tokens=5, completion_tokens=3, finish_reason="stop")
+    return Completion(text="done", prompt_tokens=5, completion_tokens=2, finish_reason="stop")
 
 
 def test_chat_episodes_run_the_tool_calls_the_backend_reads(chat_model: Path, tmp_path: Path) -> None:
@@ -237,12 +233,12 @@ def test_chat_episodes_run_the_tool_calls_the_backend_reads(chat_model: Path, tm
     harness = load_harness(folder)
     family = get_family("sorting")
     task = family.tasks("test", 0, 1, 1)[0]
-    backend = ScriptedChatBackend()
-    (t,) = rollout([task], harness, backend, "pair", sampling_params(harness, seed=0, greedy=True))
+    backend = FakeModel(scripted_chat)
+    (t,) = Responder(harness, backend, "pair").episodes([task], sampling_params(harness, seed=0, greedy=True))
     assert [m.role for m in t.messages] == ["user", "assistant", "tool", "assistant"]
     assert t.messages[1].tool_calls[0].name == "swap" and t.messages[2].tool_call_id == t.messages[1].tool_calls[0].id
-    assert len(t.tool_log) == 1 and backend.calls[0][1] == harness.chat_tools
-    assert backend.calls[1][0][0][2] == t.messages[2]  # the second turn read the tool's result
+    assert len(t.tool_log) == 1 and backend.tools[0] == harness.chat_tools
+    assert backend.prompts[1][0][2] == t.messages[2]  # the second turn read the tool's result
     rules = {r.rule: r for r in audit(t, task, harness, family).rules}
     for rule in ("prompt_rendered", "messages_allowed", "tools_allowed", "results_replayed", "states_replayed"):
         assert rules[rule].passed, rules[rule].detail

@@ -15,40 +15,24 @@ from typing import Any
 import pytest
 
 from rsi.audit import audit
-from rsi.backends.base import Completion, SamplingParams
-from rsi.episodes import demonstration, parse_call, render_call, run_episodes, segments, transcript
+from rsi.backends.base import SamplingParams
 from rsi.hcp import load_harness
+from rsi.hcp.plays import demonstration
+from rsi.hcp.syntax import parse_call, render_call
 from rsi.models import Message, TokenCounts, Timings, Trajectory
+from rsi.pair import Responder
+from rsi.pair.text import segments, transcript
 from rsi.substrate import Environment, Session, SubstrateViolation, ToolError, replay, state_hash
 from rsi.tasks import get_family
 
 from .conftest import REPO
+from .fakes import FakeModel
 
 SORT = load_harness(REPO / "harness_versions/sorting/v1")
 SORTING = get_family("sorting")
 ADD = load_harness(REPO / "harness_versions/addition/v2")
 ADDITION = get_family("addition")
 SCHEMAS = SORT.tool_schemas
-
-
-class Scripted:
-    """FAKE backend: replies ``policy(prompt, occurrence)`` to each prompt; token counts as the hf backend
-    reports them for the built-in tokenizer (a reply ends with EOS)."""
-
-    def __init__(self, policy: Any):
-        self.policy, self.calls = policy, 0
-
-    def generate(self, prompts: list[str], params: SamplingParams, adapter: str | None = None) -> list[list[Completion]]:
-        self.calls += 1
-        out = []
-        for prompt in prompts:
-            texts = [self.policy(prompt, k) for k in range(params.n)]
-            out.append([Completion(text=t, prompt_tokens=1 + len(prompt), completion_tokens=len(t) + 1,
-                                   finish_reason="stop") for t in texts])
-        return out
-
-    def close(self) -> None:
-        pass
 
 
 def last_list(prompt: str) -> list[int]:
@@ -145,8 +129,9 @@ def test_call_syntax_round_trips_and_non_calls_are_final_replies() -> None:
 
 def test_episodes_play_tool_calls_and_pass_the_audit() -> None:
     tasks = SORTING.tasks("train", 0, 4, 3)
-    backend = Scripted(expert_policy)
-    trajectories = run_episodes(tasks, SORT, backend, "pair-x", SamplingParams(max_new_tokens=10, n=2, temperature=1.0))
+    backend = FakeModel(expert_policy)
+    params = SamplingParams(max_new_tokens=10, n=2, temperature=1.0)
+    trajectories = Responder(SORT, backend, "pair-x").episodes(tasks, params)
     assert len(trajectories) == 6 and backend.calls == 5  # 4 swaps and "done": one batch per turn
     for trajectory, task in zip(trajectories, [t for t in tasks for _ in range(2)]):
         assert [m.role for m in trajectory.messages] == ["user"] + ["assistant", "tool"] * 4 + ["assistant"]
@@ -158,8 +143,8 @@ def test_episodes_play_tool_calls_and_pass_the_audit() -> None:
 
 def test_an_episode_ends_at_the_step_limit_and_fails_the_audit() -> None:
     task = SORTING.task("train", 0, 2, 0)
-    trajectory = run_episodes([task], SORT, Scripted(lambda p, k: "swap(0)"), "pair-x",
-                              SamplingParams(max_new_tokens=10))[0]
+    looping = FakeModel(lambda p, k: "swap(0)")
+    trajectory = Responder(SORT, looping, "pair-x").episodes([task], SamplingParams(max_new_tokens=10))[0]
     assert sum(m.role == "assistant" for m in trajectory.messages) == SORT.document.limits.max_steps
     assert trajectory.messages[-1].role == "tool"
     assert "messages_allowed" in audit(trajectory, task, SORT, SORTING).failed_rules()
@@ -167,7 +152,8 @@ def test_an_episode_ends_at_the_step_limit_and_fails_the_audit() -> None:
 
 def test_a_wrong_final_state_fails_answer_correct_only() -> None:
     task = SORTING.task("train", 0, 2, 0)
-    trajectory = run_episodes([task], SORT, Scripted(lambda p, k: "done"), "pair-x", SamplingParams(max_new_tokens=10))[0]
+    quitting = FakeModel(lambda p, k: "done")
+    trajectory = Responder(SORT, quitting, "pair-x").episodes([task], SamplingParams(max_new_tokens=10))[0]
     assert audit(trajectory, task, SORT, SORTING).failed_rules() == ["answer_correct"]
 
 
@@ -175,7 +161,8 @@ def test_a_one_step_episode_is_the_single_turn_trajectory() -> None:
     """What ``rollout`` recorded before episodes existed, field by field: same messages, counts and id."""
     tasks = ADDITION.tasks("train", 0, 3, 2)
     reply = lambda prompt, k: str(k) * 11  # noqa: E731
-    got = run_episodes(tasks, ADD, Scripted(reply), "pair-x", SamplingParams(max_new_tokens=12, n=2, temperature=1.0))
+    params = SamplingParams(max_new_tokens=12, n=2, temperature=1.0)
+    got = Responder(ADD, FakeModel(reply), "pair-x").episodes(tasks, params)
     want = [Trajectory.build(task_id=t.id, pair_id="pair-x", harness_id=ADD.id, sample_index=k, seed=0,
                              messages=(Message(role="user", content=ADD.prompt(t.payload)),
                                        Message(role="assistant", content=str(k) * 11)),
@@ -241,7 +228,7 @@ def test_the_pyfunc_model_plays_payloads_as_episodes() -> None:
     from rsi.mlmodel import PairModel
 
     model = PairModel()
-    model.harness, model.adapter, model.backend = SORT, None, Scripted(expert_policy)
+    model.harness, model.adapter, model.backend = SORT, None, FakeModel(expert_policy)
     task = SORTING.task("test", 0, 3, 0)
     [prediction] = model.predict(None, [task.payload])
     assert prediction["final_state"] == {"items": task.answer} and prediction["answer"] == "done"

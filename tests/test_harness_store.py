@@ -18,7 +18,7 @@ from rsi.migrate import rerender
 from rsi.models import Message, Pair, TokenCounts, Timings, Trajectory
 from rsi.parsers import get_parser
 from rsi.store import open_store
-from rsi.store.harnesses import find_row, lock_harness, store_new, stored_harness
+from rsi.store.harnesses import find_row, lock_harness, store_new, store_proposal, stored_harness
 from rsi.tasks import get_family
 
 from .conftest import REPO
@@ -71,6 +71,28 @@ def test_a_proposed_harness_is_validated_like_a_shipped_one_and_stored_once(tmp_
     changed = dict(doc, description="same id, other content")
     with store.session() as s, pytest.raises(UserError, match="immutable"):
         store_new(s, changed, sources, tmp_path)
+
+
+def test_a_candidate_proposed_again_from_another_parent_is_the_stored_one(tmp_path: Path) -> None:
+    """A search from v2 stores chunks3 and chunks4; after chunks3 is adopted, the next search proposes chunks4
+    again, named by the same content but described as proposed from chunks3: it is the stored chunks4, not a
+    changed harness (an ablation lineage stopped on this). A proposal whose content differs is still refused."""
+    from rsi.proposers import addition_formats
+
+    store = open_store(f"sqlite:///{tmp_path}/rsi.db")
+    with store.session() as s:
+        first = {p.document["version"]: store_proposal(s, p.document, p.sources, tmp_path)
+                 for p in addition_formats(load_harness("addition/v2"), {"chunk": [3, 4]})}
+        chunks3 = next(h for version, h in first.items() if version.startswith("v2.chunks3"))
+        (again,) = [p for p in addition_formats(chunks3, {"chunk": [4]})]
+        stored = first[again.document["version"]]
+        assert again.document["description"] != stored.document.description  # it names its parent
+        assert store_proposal(s, again.document, again.sources, tmp_path).hash == stored.hash
+        with pytest.raises(UserError, match="immutable"):  # as a person's edit of a stored version, refused
+            store_new(s, again.document, again.sources, tmp_path)
+        other = again.document | {"decoding": again.document["decoding"] | {"max_new_tokens": 11}}
+        with pytest.raises(UserError, match="immutable"):
+            store_proposal(s, other, again.sources, tmp_path)
 
 
 def test_an_answer_template_must_write_what_the_parser_reads(tmp_path: Path) -> None:

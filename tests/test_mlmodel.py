@@ -75,7 +75,7 @@ def lineage(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 def hf_predictions(base: Path, adapter: Path | None, prompts: list[str]) -> list[tuple[str, Any]]:
     """(completion, parsed answer) per prompt from the hf backend in this process: the cycle's own path."""
     from rsi.backends import get_backend
-    from rsi.execute import sampling_params
+    from rsi.pair import sampling_params
     from rsi.parsers import get_parser
 
     harness = load_harness(HARNESS)

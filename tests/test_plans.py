@@ -1,4 +1,4 @@
-"""Plans (``rsi.plans``): a harness poses a task its format cannot hold as calls it can pose.
+"""Plans (``rsi.pair.plans``): a harness poses a task its format cannot hold as calls it can pose.
 
 The plan logic is checked with a FAKE generation backend that reads the operands off a prompt and writes their
 sum (optionally wrong on calls a test picks): it tests the logic around generation, not what a model can do,
@@ -8,45 +8,27 @@ which ``make demo`` measures with the real one.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from rsi.audit import audit
-from rsi.backends.base import Completion, SamplingParams
+from rsi.backends.base import SamplingParams
 from rsi.errors import UserError
 from rsi.evaluate import expressible, solved
 from rsi.hcp import load_harness
+from rsi.hcp.plays import calls_with_gold
 from rsi.models import Message, Task, Trajectory
-from rsi.plans import PlanRun, calls_with_gold, run_plans
+from rsi.pair import Responder
+from rsi.pair.plans import PlanRun
 from rsi.proposers import propose
 from rsi.tasks import DERIVED_SEED, Plan, family_names, get_family
 from task_generators.addition import cuts
 
+from .fakes import FakeModel, adder
+
 FAMILY = get_family("addition")
-
-
-class FakeAdder:
-    """FAKE backend: answers a reverse-padded ``A+B=`` prompt with A + B (+1 where ``wrong(a, b)``); token counts
-    as the builtin tokenizer counts them (one per character, BOS before the prompt, EOS after the reply)."""
-
-    def __init__(self, wrong: Callable[[int, int], bool] = lambda a, b: False):
-        self.wrong, self.prompts = wrong, []
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams, adapter: str | None = None):
-        self.prompts.append(list(prompts))
-        out = []
-        for prompt in prompts:
-            left, right = prompt.removesuffix("=").split("+")
-            a, b = int(left[::-1]), int(right[::-1])
-            text = str(a + b + self.wrong(a, b))[::-1].ljust(len(left) + 1, "0")
-            out.append([Completion(text=text, prompt_tokens=len(prompt) + 1, completion_tokens=len(text) + 1,
-                                   finish_reason="stop")] * params.n)
-        return out
-
-    def close(self) -> None:
-        pass
 
 
 def chunked(tmp_path, chunk: int):
@@ -78,9 +60,9 @@ def test_a_plan_poses_levels_beyond_the_width_and_each_call_passes_the_audit(tmp
     assert not expressible(v2, FAMILY, 13) and expressible(harness, FAMILY, 13)
     tasks = FAMILY.tasks("heldout", 0, 13, 16)
     params = SamplingParams(max_new_tokens=12, n=1)
-    assert set(solved(tasks, harness, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {True}
-    assert set(solved(tasks, v2, FAMILY, FakeAdder(), "pair-x", params, None).values()) == {False}
-    done = run_plans(tasks, harness, FAMILY, FakeAdder(), "pair-x", params)
+    assert set(solved(Responder(harness, FakeModel(adder()), "pair-x", family=FAMILY), tasks, params).values()) == {True}
+    assert set(solved(Responder(v2, FakeModel(adder()), "pair-x", family=FAMILY), tasks, params).values()) == {False}
+    done = Responder(harness, FakeModel(adder()), "pair-x", family=FAMILY).run(tasks, params)
     for trajectory in done.trajectories:
         call = done.tasks[trajectory.task_id]
         assert call.level <= 5 and audit(trajectory, call, harness, FAMILY).passed
@@ -99,8 +81,8 @@ def test_one_wrong_call_leaves_its_task_unsolved(tmp_path) -> None:
     (a run counts only if every call it made passed its audit)."""
     harness = chunked(tmp_path, 5)
     tasks = FAMILY.tasks("heldout", 0, 12, 64)
-    got = solved(tasks, harness, FAMILY, FakeAdder(wrong=lambda a, b: (a % 10, b % 10) == (7, 3)), "pair-x",
-                 SamplingParams(max_new_tokens=12, n=1), None)
+    erring = FakeModel(adder(wrong=lambda a, b: (a % 10, b % 10) == (7, 3)))
+    got = solved(Responder(harness, erring, "pair-x", family=FAMILY), tasks, SamplingParams(max_new_tokens=12, n=1))
 
     def erred(task: Task) -> bool:
         return any((c.payload["a"] % 10, c.payload["b"] % 10) == (7, 3) for c in calls_with_gold(harness, FAMILY, task)[0])
@@ -110,9 +92,9 @@ def test_one_wrong_call_leaves_its_task_unsolved(tmp_path) -> None:
 
 
 def test_the_calls_of_a_round_go_to_the_backend_in_one_batch(tmp_path) -> None:
-    harness, backend = chunked(tmp_path, 5), FakeAdder()
+    harness, backend = chunked(tmp_path, 5), FakeModel(adder())
     tasks = FAMILY.tasks("train", 1, 15, 10)
-    done = run_plans(tasks, harness, FAMILY, backend, "pair-x", SamplingParams(max_new_tokens=12, n=2))
+    done = Responder(harness, backend, "pair-x", family=FAMILY).run(tasks, SamplingParams(max_new_tokens=12, n=2))
     # 15 digits at chunk 5: 3 parts, the 2 upper ones also with a carry in; every task's 2 runs, one batch
     assert [len(p) for p in backend.prompts] == [10 * 2 * (3 + 2)]
     assert [p.sample_index for p in done.paths] == [0, 1] * 10
@@ -139,9 +121,9 @@ def test_a_plan_answers_the_same_whatever_answer_its_task_carries(tmp_path) -> N
     harness, params = chunked(tmp_path, 5), SamplingParams(max_new_tokens=12, n=2)
     tasks = [t for level in (3, 5, 6, 12) for t in FAMILY.tasks("train", 2, level, 8)]
     wrong = [t.model_copy(update={"answer": t.answer + 1}) for t in tasks]
-    right_backend, wrong_backend = FakeAdder(), FakeAdder()
-    right = run_plans(tasks, harness, FAMILY, right_backend, "pair-x", params)
-    blind = run_plans(wrong, harness, FAMILY, wrong_backend, "pair-x", params)
+    right_backend, wrong_backend = FakeModel(adder()), FakeModel(adder())
+    right = Responder(harness, right_backend, "pair-x", family=FAMILY).run(tasks, params)
+    blind = Responder(harness, wrong_backend, "pair-x", family=FAMILY).run(wrong, params)
     assert wrong_backend.prompts == right_backend.prompts
     assert [p.answer for p in blind.paths] == [p.answer for p in right.paths]
     assert all(FAMILY.verify(t, p.answer) for t, p in zip([t for t in tasks for _ in (0, 1)], right.paths))

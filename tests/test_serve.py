@@ -50,8 +50,8 @@ def addition_examples() -> list:
 
 def sorting_examples() -> list:
     """The first turn of the expert's episodes: a list, then the call the expert makes first."""
-    from rsi.episodes import demonstration
     from rsi.hcp import load_harness
+    from rsi.hcp.plays import demonstration
     from rsi.select import Example
     from rsi.tasks import get_family
 
@@ -197,8 +197,8 @@ def sorting_call(backend, adapter: Path) -> tuple[str, str, dict]:
 
 
 def find_sorting_call(backend, adapter: Path) -> tuple[str, str, dict] | None:
-    from rsi.episodes import parse_call
     from rsi.hcp import load_harness
+    from rsi.hcp.syntax import parse_call
     from rsi.mol.proxy import specialist_params
 
     harness = load_harness("sorting/v1")
@@ -649,19 +649,15 @@ def test_batching_merges_calls_of_equal_settings_and_isolates_a_failing_one() ->
     sampling go in one backend call, each getting its own rows back; a sampled call whose prompt is already in
     the batch waits for the next one; a batch the backend refuses is decoded call by call, so only the bad call
     fails."""
-    from rsi.backends.base import Completion, SamplingParams
+    from rsi.backends.base import SamplingParams
     from rsi.mol.batching import Call, decode, take
 
-    class RecordingBackend:  # a fake: the reply is the prompt reversed
-        def __init__(self) -> None:
-            self.calls: list[list[str]] = []
+    from .fakes import FakeModel
 
-        def generate(self, prompts, params, adapter=None):
-            self.calls.append(list(prompts))
-            if "bad" in prompts:
-                raise ValueError("cannot decode 'bad'")
-            return [[Completion(text=p[::-1], finish_reason="stop", prompt_tokens=1, completion_tokens=1)]
-                    for p in prompts]
+    def reversed_unless_bad(prompt: str, k: int) -> str:  # the FAKE model's reply: the prompt reversed
+        if prompt == "bad":
+            raise ValueError("cannot decode 'bad'")
+        return prompt[::-1]
 
     greedy, sampled = SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, temperature=1.0)
     waiting = [Call("generate", ["ab"], greedy, None), Call("generate", ["cd"], greedy, "lora"),
@@ -669,15 +665,15 @@ def test_batching_merges_calls_of_equal_settings_and_isolates_a_failing_one() ->
                Call("generate", ["ij"], sampled, None), Call("generate", ["ij"], sampled, None)]
     batch, rest = take(waiting)
     assert batch == [waiting[0], waiting[2]] and rest == [waiting[1], waiting[3], waiting[4], waiting[5]]
-    backend = RecordingBackend()
+    backend = FakeModel(reversed_unless_bad)
     decode(backend, batch)
-    assert backend.calls == [["ab", "ef", "gh"]]
+    assert backend.prompts == [["ab", "ef", "gh"]]
     assert [[c.text for c in row] for row in waiting[2].result.result()] == [["fe"], ["hg"]]
     assert take(rest[2:]) == ([waiting[4]], [waiting[5]])  # the same prompt sampled twice: two streams
     calls = [Call("generate", [p], greedy, None) for p in ("xy", "bad", "zw")]
-    backend.calls.clear()
+    backend.prompts.clear()
     decode(backend, calls)
-    assert backend.calls == [["xy", "bad", "zw"], ["xy"], ["bad"], ["zw"]]
+    assert backend.prompts == [["xy", "bad", "zw"], ["xy"], ["bad"], ["zw"]]
     assert calls[0].result.result()[0][0].text == "yx" and calls[2].result.result()[0][0].text == "wz"
     with pytest.raises(ValueError, match="'bad'"):
         calls[1].result.result()
@@ -784,22 +780,15 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     """A chat-mode specialist reads its own turns and, for each run of turns another specialist (or the base)
     answered, one summary line before the next user message; never the other adapters' replies. No chat-mode
     base is available here, so the backend is a fake that records what the specialist is shown."""
-    from rsi.backends.base import Completion
     from rsi.hcp import load_harness
     from rsi.mol.proxy import ChatRequest, ServeConfig, Service
     from rsi.mol.registry import Champion, Specialist
     from rsi.mol.routers import Route
 
-    class FakeChatBackend:
-        def __init__(self) -> None:
-            self.seen: list = []
-
-        def chat(self, conversations, tools, params, adapter=None):
-            self.seen += conversations
-            return [[Completion(text="fake reply", prompt_tokens=1, completion_tokens=2, finish_reason="stop")]]
+    from .fakes import FakeModel
 
     service = Service(ServeConfig(), served, rsi_home)
-    fake = service._backends[rsi_home / "fake-chat-base"] = FakeChatBackend()
+    fake = service._backends[rsi_home / "fake-chat-base"] = FakeModel(lambda conversation, k: "fake reply")
     chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
                       load_harness("harness_versions/addition/smollm2-v1"), rsi_home / "fake-chat-base")
     turns = [("q1", "addition"), ("q2", "addition"), ("q3", "chatty"), ("q4", "base")]
@@ -813,7 +802,7 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages,
                                          ChatRequest(model="rsi/chatty", messages=messages), specialists)
     assert (reply["content"], finish) == ("fake reply", "stop")
-    assert [(m.role, m.content) for m in fake.seen[0]] == [
+    assert [(m.role, m.content) for m in fake.prompts[0][0]] == [
         ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
         ("user", "[earlier: base answered 1 turn]\nq5")]
 
@@ -821,13 +810,14 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
 def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base, rsi_home, tmp_path) -> None:
     """A champion whose harness has a plan (the demo's lineage adopts ``digit_chunks``) answers a message that
     poses a task in its format as its lineage is evaluated: the plan's calls, composed; the reply is the
-    composed answer ``run_plans`` gives on the same backend. A message that poses no task is one call."""
+    composed answer the pair's ``run`` gives on the same backend. A message that poses no task is one call."""
     from rsi.backends import get_backend
     from rsi.backends.base import SamplingParams
     from rsi.hcp import load_harness
-    from rsi.mol.proxy import ChatRequest, ServeConfig, Service, posed_task, specialist_params
+    from rsi.models import Message
+    from rsi.mol.proxy import ChatRequest, ServeConfig, Service, specialist_params
     from rsi.mol.routers import Route
-    from rsi.plans import run_plans
+    from rsi.pair import Responder
     from rsi.proposers import addition_formats
     from rsi.store.harnesses import write_harness_dir
     from rsi.tasks import get_family
@@ -843,11 +833,12 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
         task = family.tasks("heldout", 7, 3, 1)[0]
         question = harness.prompt(task.payload)
         messages = [{"role": "user", "content": question}]
-        assert posed_task(harness, messages).payload == task.payload
-        assert posed_task(harness, [{"role": "user", "content": question[::-1]}]) is None  # renders otherwise
         params = specialist_params(harness, None)
         direct = get_backend("hf", model_dir=tiny_base)
-        run = run_plans([task], harness, family, direct, champion.pair_id, params, str(adapters["addition"]))
+        pair = Responder(harness, direct, champion.pair_id, adapters["addition"], family)
+        assert pair.posed(Message(role="user", content=question)).payload == task.payload
+        assert pair.posed(Message(role="user", content=question[::-1])) is None  # renders otherwise
+        run = pair.run([task], params)
         assert len(run.trajectories) >= 3  # a 3-digit addition in 1-digit parts
         route = Route(specialist="addition", confidence=1.0, scores={}, router="override", reason="model name")
         reply, finish, prompt_tokens, _ = service.answer(route, service.champions(), messages,

@@ -47,13 +47,13 @@ def main() -> None:
     from rsi.backends import get_backend
     from rsi.backends.base import SamplingParams
     from rsi.hcp import load_harness
-    from rsi.plans import run_plans
+    from rsi.pair import Responder
     from rsi.tasks import get_family
 
     harness, family = load_harness(args.harness), get_family("addition")
     tasks = family.tasks("heldout", 0, args.level, args.n)
-    done = run_plans(tasks, harness, family, get_backend("hf", model_dir=args.base), "plan-calls",
-                     SamplingParams(max_new_tokens=harness.document.decoding.max_new_tokens, n=1), args.adapter)
+    pair = Responder(harness, get_backend("hf", model_dir=args.base), "plan-calls", args.adapter, family)
+    done = pair.run(tasks, SamplingParams(max_new_tokens=harness.document.decoding.max_new_tokens, n=1))
     seen, wrong = collections.Counter(), collections.Counter()
     for trajectory in done.trajectories:
         call = done.tasks[trajectory.task_id]

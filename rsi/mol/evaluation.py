@@ -83,8 +83,7 @@ def answer_accuracy(champions: dict[str, Any], items: list[tuple[str, Any]], rou
     """Per true specialist: the share of its turns answered correctly as routed, and by the oracle."""
     from rsi.backends import get_backend
     from rsi.evaluate import solved
-    from rsi.execute import sampling_params
-    from rsi.tasks import get_family
+    from rsi.pair import Responder, sampling_params
 
     backends: dict[Path, Any] = {}
 
@@ -105,8 +104,8 @@ def answer_accuracy(champions: dict[str, Any], items: list[tuple[str, Any]], rou
             base_dir = by.base_dir if by else owner.base_dir
             adapter = str(by.adapter_dir) if by else None
             params = sampling_params(owner.harness, seed=0, greedy=True)
-            correct[(true, answering)] = solved(tasks, owner.harness, get_family(owner.harness.document.family),
-                                                backend(base_dir), "router-eval", params, adapter)
+            pair = Responder(owner.harness, backend(base_dir), "router-eval", adapter)
+            correct[(true, answering)] = solved(pair, tasks, params)
         out = {}
         for true in champions:
             mine = [(task, r) for (n, task), r in zip(items, routed) if n == true]

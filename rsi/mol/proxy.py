@@ -8,13 +8,14 @@ conversation; store the reply. The reply's ``model`` is ``rsi/<specialist>`` (``
 ``X-RSI-Specialist`` header and the ``rsi`` field say who answered and why.
 
 A completion-mode specialist (the built-in model) reads the current turn as its harness's episode would read:
-``rsi.episodes.transcript`` of the user's message, then its calls and the tool results, each result rendered
-through the harness's ``tool_template``; a reply that ``parse_call`` reads is a tool call. Earlier turns stay in
+``rsi.pair.text.transcript`` of the user's message, then its calls and the tool results, each result rendered
+through the harness's ``tool_template``; a reply the pair reads as a call (``rsi.pair.Responder``) is a tool
+call. Earlier turns stay in
 the stored conversation, not in its view: its harness poses one task per episode. A chat-mode specialist reads
 the conversation through its base's chat template: its own turns whole, the turns other specialists answered as
 one summary line each run (``chat_view``); the stored conversation names who answered each turn. A specialist
 whose harness has a plan (the demo's ``digit_chunks``) answers a message that poses one of its family's tasks
-in the harness's format by running the plan, as its lineage was evaluated (``posed_task``, ``plan_answer``).
+in the harness's format by running the plan, as its lineage was evaluated (``Responder.posed``, ``answer_task``).
 
 Rate limits are a token bucket per key in the state DB, shared by every worker (``rsi.mol.state.RateLimits``);
 key owners and champions are read from the DB at most every ``CACHE_S`` seconds, so a revoked key or a new
@@ -50,6 +51,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rsi.errors import UserError
+from rsi.hcp.syntax import render_call
+from rsi.models import Message
+from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
 CONFIG_ENV = "RSI_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn workers started by import string
@@ -202,9 +206,6 @@ def call_specialist(call_id: str) -> str | None:
 def view(harness: Any, messages: list[dict[str, Any]]) -> list[Any]:
     """A completion-mode specialist's view: the last user message and what followed it, tool results rendered
     through the harness's tool template, calls written in its syntax."""
-    from rsi.episodes import render_call
-    from rsi.models import Message
-
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     if start is None:
         raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
@@ -237,8 +238,6 @@ def chat_view(messages: list[dict[str, Any]], specialists: list[str | None], me:
     specialist answered replaced by a one-line summary (``[earlier: addition answered 2 turns]``) put before the
     next user message, so it neither reads nor imitates another adapter's replies. A turn is a user message and
     what follows it; its answerer is the specialist of its assistant messages."""
-    from rsi.models import Message
-
     turns: list[tuple[list[dict[str, Any]], str | None]] = []
     for m, who in zip(messages, specialists):
         if m["role"] == "user" or not turns:
@@ -427,7 +426,6 @@ class Service:
         """The routed model's call, sent: (a future of its completions, the function that makes them ``answer``'s
         tuple). The HTTP handler awaits the future without holding a thread while the engine decodes."""
         from rsi.backends.base import SamplingParams
-        from rsi.episodes import parse_call, transcript
 
         wanted = req.max_completion_tokens or req.max_tokens
         champion = champions.get(route.specialist) if route.specialist else None
@@ -443,32 +441,19 @@ class Service:
             return future, lambda out: _plain(out[0][0])
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
-        backend, adapter = self.backend(champion.base_dir), str(champion.adapter_dir)
-        task = posed_task(harness, messages) if harness.document.plan is not None and not harness.chat else None
+        pair = Responder(harness, self.backend(champion.base_dir), champion.pair_id, champion.adapter_dir)
+        last = messages[-1]
+        task = pair.posed(Message(role=last["role"], content=last["content"] or "")) if harness.document.plan else None
         if task is not None:  # the champion's harness answers it by its plan, call after call
-            future = self._threads.submit(plan_answer, task, champion, backend, params)
-            return future, lambda answer: answer
-        if harness.chat:
-            convo = chat_view(messages, specialists, route.specialist)
-            future = self._submit(backend, "chat", [convo], params, adapter, harness.chat_tools)
-        else:
-            future = self._submit(backend, "generate", [transcript(view(harness, messages))], params, adapter)
+            return self._threads.submit(pair.answer_task, task, params), openai_reply
+        convo = chat_view(messages, specialists, route.specialist) if harness.chat else view(harness, messages)
+        mode, items = pair.request([convo])
+        future = self._submit(pair.backend, mode, items, params, pair.adapter, harness.chat_tools)
 
-        def finish(completions: Any) -> tuple[dict[str, Any], str, int, int]:
-            out = completions[0][0]
-            if harness.chat:
-                calls = [(c.name, c.arguments) for c in out.tool_calls]
-            else:
-                call = parse_call(harness, out.text) if harness.document.tools and out.finish_reason == "stop" else None
-                calls = [call] if call else []
-            if not calls:
-                return _plain(out)
-            tool_calls = [{"id": f"call_{route.specialist}_{uuid.uuid4().hex[:12]}", "type": "function",
-                           "function": {"name": name, "arguments": json.dumps(arguments)}} for name, arguments in calls]
-            return ({"role": "assistant", "content": out.text, "tool_calls": tool_calls}, "tool_calls",
-                    out.prompt_tokens, out.completion_tokens)
+        def call_id(j: int, n: int) -> str:  # the id names the specialist, so its result finds it again
+            return f"call_{route.specialist}_{uuid.uuid4().hex[:12]}"
 
-        return future, finish
+        return future, lambda completions: openai_reply(pair.reply(completions[0][0], call_id))
 
     def _submit(self, backend: Any, mode: str, items: list[Any], params: Any, adapter: str | None,
                 tools: Any = ()) -> Future:
@@ -483,43 +468,14 @@ class Service:
         return self._threads.submit(backend.generate, items, params, adapter=adapter)
 
 
-def posed_task(harness: Any, messages: list[dict[str, Any]]) -> Any:
-    """The task the turn's user message poses in the harness's own format (a payload the family reads from it
-    that the harness renders back to exactly that text), or None."""
-    from rsi.tasks import get_family
-
-    family = get_family(harness.document.family)
-    if messages[-1]["role"] != "user" or family.read is None:
-        return None
-    text = messages[-1]["content"] or ""
-    for payload in family.read(text):
-        try:
-            if harness.prompt(payload) == text:
-                return family.derive(payload)
-        except UserError:
-            continue
-    return None
-
-
-def plan_answer(task: Any, champion: Any, backend: Any, params: Any) -> tuple[dict[str, Any], str, int, int]:
-    """A plan harness's answer to one task: its plan's calls, each answered by the specialist, composed as the
-    plan composes them (``rsi.plans``); the composed answer written by the harness's answer template, else as
-    the value itself (an addition's sum in decimal); empty when a call gave no answer. Tokens: all the calls'."""
-    from rsi.plans import run_plans
-    from rsi.tasks import get_family
-
-    harness = champion.harness
-    run = run_plans([task], harness, get_family(harness.document.family), backend, champion.pair_id,
-                    params.model_copy(update={"n": 1}), str(champion.adapter_dir))
-    answer = run.paths[0].answer
-    if answer is None:
-        content = ""
-    elif harness.document.answer.template:
-        content = harness.render_answer(task.payload, answer)
-    else:
-        content = str(answer)
-    return ({"role": "assistant", "content": content}, "stop", sum(t.tokens.prompt for t in run.trajectories),
-            sum(t.tokens.completion for t in run.trajectories))
+def openai_reply(reply: Reply) -> tuple[dict[str, Any], str, int, int]:
+    """A turn of the pair as the proxy sends and stores it: the assistant message in OpenAI's shape (its calls'
+    arguments as JSON strings), the finish reason, prompt and completion tokens."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.message.content}
+    if reply.message.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments":
+                                  json.dumps(c.arguments)}} for c in reply.message.tool_calls]
+    return message, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens
 
 
 def _plain(out: Any) -> tuple[dict[str, Any], str, int, int]:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from rsi.errors import UserError
-from rsi.hcp import Harness, load_harness
+from rsi.hcp import Harness, HCPDocument, load_harness
 from rsi.store.schema import HarnessRow
 
 
@@ -121,6 +121,25 @@ def store_new(session: Session, document: dict[str, Any], sources: dict[str, str
     harness = load_harness(folder)
     lock_harness(session, harness)
     return harness
+
+
+def store_proposal(session: Session, document: dict[str, Any], sources: dict[str, str], home: Path) -> Harness:
+    """A proposer's candidate, stored (``store_new``); or, when its id/version is stored already with the same
+    content but for its description, that stored harness: the same candidate proposed again from another parent
+    (a proposal's version is named by its content, its description names the parent it was proposed from)."""
+    row = session.get(HarnessRow, f"{document.get('id')}/{document.get('version')}")
+    if row is not None and row.sources == sources:
+        try:
+            mine = HCPDocument.model_validate(document).model_dump(mode="json")
+        except ValueError:  # the validation store_new runs says what is wrong
+            mine = None
+        if mine is not None and _but_description(mine) == _but_description(row.document):
+            return stored_harness(session, row.id, home)
+    return store_new(session, document, sources, home)
+
+
+def _but_description(document: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in document.items() if key != "description"}
 
 
 def write_harness_dir(folder: Path, document: dict[str, Any], sources: dict[str, str]) -> None:

@@ -1,0 +1,246 @@
+"""The HCP document's schema: the sections of one ``hcp.toml`` as typed, validated models, and the protocol's
+constants (contract rules and versions, the names a template may use)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_validator
+
+from rsi.parsers import PARSERS
+
+HCP_VERSIONS = ("1.0",)
+CONTRACT_RULES = (
+    "ids_consistent",
+    "prompt_rendered",
+    "messages_allowed",
+    "limits",
+    "stopped",
+    "tools_allowed",
+    "results_replayed",
+    "states_replayed",
+    "answer_format",
+    "no_extra_content",
+    "answer_correct",
+)
+# A harness that exposes tools must list these: the auditor replays every call on the family's environment.
+EPISODE_RULES = ("tools_allowed", "results_replayed", "states_replayed")
+# Without these a verdict means nothing: the task is authentic, the model saw the harness's prompt and
+# nothing else, and the answer is right.
+REQUIRED_RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "answer_correct")
+# Contract version -> the rules a contract of that version must list. Version 1 predates messages_allowed
+# and stopped; its documents (addition/v1) stay loadable, with a warning, because they are immutable.
+CONTRACT_VERSIONS: dict[str, tuple[str, ...]] = {
+    "1": ("ids_consistent", "prompt_rendered", "answer_correct"),
+    "2": REQUIRED_RULES,
+}
+LEGACY_CONTRACTS = {
+    "1": "it does not require messages_allowed, so a trajectory with messages beyond the rendered prompt "
+         "and one reply can pass; new harness versions use contract version 2",
+}
+# (section, field) added after documents were first hashed: hashed only when set (see Harness.hash)
+LATER_FIELDS = (("answer", "template"), ("plan",), ("prompt", "tool_template"), ("tool_calls",))
+TEMPLATE_NAMES = ("task", "vars", "tools")
+ANSWER_NAMES = (*TEMPLATE_NAMES, "answer")  # an answer template also sees the answer it writes
+TOOL_NAMES = (*TEMPLATE_NAMES, "call", "result")  # a tool template writes one call's result
+TEMPLATE_FIELDS = ("template", "system_template")
+# Validation renders every template on SAMPLE_TASKS train tasks of each of the family's lowest SAMPLE_LEVELS.
+SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
+PLAN_LEVELS = 25  # a plan is dry-run (right answers fed to its calls) on sample tasks of every level up to this
+
+
+def required_rules(contract_version: str) -> tuple[str, ...]:
+    """The rules a contract of ``contract_version`` must list (REQUIRED_RULES for the current version)."""
+    return CONTRACT_VERSIONS.get(contract_version, REQUIRED_RULES)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSource(Section):
+    base: str = Field("builtin", description=(
+        "'builtin' (rsi's own small model, built from the profile's base recipe), a local Hugging Face model "
+        "directory holding a config.json or a .gguf file (absolute or relative to the harness folder), or "
+        "'package:<python package>/<file>', a file an installed package ships (rsi.bases)"))
+    adapter: Literal["lineage", "none"] = Field("lineage", description=(
+        "'lineage': the model runs with the lineage's champion adapter (none until a first candidate is "
+        "promoted) and training continues from it; 'none': the base model alone, with no adapter loaded "
+        "or trained under this harness (a fixed baseline)"))
+
+
+class Prompt(Section):
+    mode: Literal["completion", "chat"] = Field("completion", description=(
+        "'completion': the model's input is the rendered system_template (if any) followed by the rendered "
+        "template, concatenated with nothing between them. 'chat': the messages (system_template as the system "
+        "message, template as the user's, tool_template as tool messages) go through the base model's chat "
+        "template, and tool calls are written in the model's own format (no [tool_calls] section)"))
+    template: str = Field(description="path of the user/prompt template, relative to hcp.toml, inside its folder")
+    system_template: str | None = Field(None, description=(
+        "path of a system template, relative to hcp.toml; in completion mode its text comes first, so end "
+        "it with the separator you want (Jinja drops one trailing newline of a file: write {{ '\\n' }})"))
+    vars: dict[str, JsonValue] = Field(default_factory=dict)
+    tool_template: str | None = Field(None, description=(
+        "path of the template that writes a tool message (``result``: the tool's result as text; ``call``: its "
+        "name and arguments), relative to hcp.toml; required when the harness exposes tools. In completion "
+        "mode an episode reads as the prompt, then each assistant turn followed by EOS, each tool message "
+        "as this template writes it"))
+
+
+class Decoding(Section):
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(ge=1)
+    samples: int = Field(1, ge=1, description="completions per task when the harness's own k is used")
+    stop: tuple[str, ...] = ()
+
+
+class Limits(Section):
+    max_steps: int = Field(1, ge=1)
+    max_prompt_tokens: int = Field(ge=1)
+    max_completion_tokens: int = Field(ge=1)
+
+
+class Answer(Section):
+    parser: str
+    params: dict[str, JsonValue] = Field(default_factory=dict, description="checked against the parser's params model")
+    require_stop: bool = Field(True, description="a reply must end with EOS or a stop string, not be cut by length")
+    template: str | None = Field(None, description=(
+        "path of a template that writes a task's answer (``answer``) in this harness's format, relative to "
+        "hcp.toml: what a correct reply looks like, so audited answers can be re-rendered under this harness "
+        "(migration) and gold answers rendered; the parser must read back what it writes"))
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        if name not in PARSERS:
+            raise ValueError(f"unknown parser {name!r}; expected one of {', '.join(sorted(PARSERS))}")
+        return name
+
+    @field_validator("params")
+    @classmethod
+    def _typed_params(cls, params: dict[str, JsonValue], info: ValidationInfo) -> dict[str, JsonValue]:
+        spec = PARSERS.get(info.data.get("parser", ""))
+        if spec is None:  # the parser's own error says what is wrong
+            return params
+        return spec.params.model_validate(params).model_dump(mode="json")
+
+
+class Plan(Section):
+    name: str = Field(description=(
+        "a decomposition the task family declares (its ``plans``): how a task is posed as model calls this "
+        "harness can pose, e.g. a long addition as additions of digit chunks; the parts are tasks of the "
+        "family, audited like any other, and the task's answer is composed from their answers"))
+    params: dict[str, JsonValue] = Field(default_factory=dict, description="the plan's own settings")
+
+
+class ToolCalls(Section):
+    syntax: Literal["python"] = Field("python", description=(
+        "how an assistant turn writes a tool call: 'python' is one call per turn, ``name(v1, v2, ...)``, the "
+        "values JSON literals given in the order of the tool's schema properties; a turn that is not a call "
+        "is the final reply"))
+
+
+class Tool(Section):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    description: str = ""
+    parameters: dict[str, JsonValue] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+            raise ValueError(f"not a valid JSON Schema ({validator.__name__}) at {where}: {exc.message}") from None
+        if schema.get("type") != "object":
+            raise ValueError('tool arguments are a JSON object: the schema needs "type": "object" (and "properties")')
+        remote = _remote_refs(schema)
+        if remote:
+            raise ValueError(f"$ref {remote[0]!r} is not local; only '#/...' references are allowed")
+        return schema
+
+
+def _remote_refs(value: Any) -> list[str]:
+    """``$ref``/``$dynamicRef`` values that point outside the schema (the auditor must never fetch them)."""
+    if isinstance(value, dict):
+        refs = [v for k, v in value.items() if k in ("$ref", "$dynamicRef") and not str(v).startswith("#")]
+        return refs + [r for v in value.values() for r in _remote_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _remote_refs(v)]
+    return []
+
+
+class Contract(Section):
+    version: str = Field(description=f"contract version, one of {', '.join(CONTRACT_VERSIONS)}")
+    rules: tuple[str, ...] = CONTRACT_RULES
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: str) -> str:
+        if version not in CONTRACT_VERSIONS:
+            raise ValueError(f"unknown contract version {version!r}; expected one of {', '.join(CONTRACT_VERSIONS)}")
+        return version
+
+    @field_validator("rules")
+    @classmethod
+    def _meaningful_rules(cls, rules: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        required = required_rules(info.data.get("version", ""))
+        if not rules:
+            raise ValueError(f"no rules: such a contract passes every trajectory; list at least {list(required)}")
+        unknown = sorted(set(rules) - set(CONTRACT_RULES))
+        if unknown:
+            raise ValueError(f"unknown rules {unknown}; expected a subset of {list(CONTRACT_RULES)}")
+        duplicates = sorted({r for r in rules if rules.count(r) > 1})
+        if duplicates:
+            raise ValueError(f"rules {duplicates} listed more than once; list each rule once")
+        missing = [r for r in required if r not in rules]
+        if missing:
+            raise ValueError(f"missing required rules {missing}: without them a verdict means nothing; "
+                             f"a contract must list {list(required)}")
+        return rules
+
+
+class HCPDocument(Section):
+    """The validated content of one ``hcp.toml``."""
+
+    hcp_version: Literal[HCP_VERSIONS] = Field(description="protocol version")  # type: ignore[valid-type]
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    family: str = Field(description="a registered task family (rsi tasks list)")
+    description: str = ""
+    model: ModelSource = ModelSource()
+    prompt: Prompt
+    decoding: Decoding
+    limits: Limits
+    answer: Answer
+    tools: tuple[Tool, ...] = ()
+    contract: Contract
+    plan: Plan | None = Field(None, description="pose each task through the family's plan (None: in one call)")
+    tool_calls: ToolCalls | None = Field(None, description="how tool calls are written; required with tools")
+
+    @field_validator("plan", "tool_calls")
+    @classmethod
+    def _completion_mode_only(cls, value: Any, info: ValidationInfo) -> Any:
+        prompt = info.data.get("prompt")
+        if value is not None and prompt is not None and prompt.mode == "chat":
+            why = ("a plan poses its calls as completion prompts" if info.field_name == "plan" else
+                   "in chat mode a model writes tool calls in its own chat format (the backend parses them)")
+            raise ValueError(f"{why}; drop [{info.field_name}] or use prompt.mode = 'completion'")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HCPDocument:
+        if self.decoding.max_new_tokens > self.limits.max_completion_tokens:
+            raise ValueError("decoding.max_new_tokens exceeds limits.max_completion_tokens")
+        names = [t.name for t in self.tools]
+        if len(set(names)) < len(names):
+            raise ValueError(f"tools: duplicate tool names {sorted({n for n in names if names.count(n) > 1})}")
+        contract = self.contract
+        if self.answer.require_stop and "stopped" not in contract.rules and contract.version not in LEGACY_CONTRACTS:
+            raise ValueError("answer.require_stop = true but contract.rules lacks 'stopped', the rule that checks "
+                             "it; add 'stopped' or set require_stop = false")
+        return self

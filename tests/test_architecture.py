@@ -1,0 +1,121 @@
+"""The floor plan of ``rsi/``: no import cycle, counting every import (a module's top, inside functions, and under
+``TYPE_CHECKING``), so each module can be read, tested and moved with what it imports and nothing that imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .conftest import REPO
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package tree it imports, wherever the import statement stands."""
+    paths = {module_name(p, root): p for p in root.rglob("*.py")}
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in map(known, targets) if t and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_rsi_has_no_import_cycle():
+    graph = import_graph(REPO / "rsi")
+    assert len(graph) > 50 and "rsi.hcp.syntax" in graph["rsi.pair.responder"]
+    assert cycles(graph) == [], "modules that import each other, directly or through others"
+
+
+GROUND = ("rsi.errors", "rsi.hashing", "rsi.models", "rsi.config", "rsi.parsers", "rsi.substrate", "rsi.tasks",
+          "rsi.splits", "rsi.bases", "rsi.chat", "rsi.tokens")
+# What a room may import of rsi (the README's Architecture section): below it, never above it.
+MAY_IMPORT = {
+    "ground": GROUND,
+    "rsi.hcp": GROUND,  # a document is data: validating it runs no model
+    "rsi.pair": (*GROUND, "rsi.hcp", "rsi.backends.base"),
+    "rsi.audit": (*GROUND, "rsi.hcp"),  # the auditor never runs a model and never reads a run's state
+}
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    graph = import_graph(REPO / "rsi")
+
+    def inside(module: str, room: str) -> bool:
+        return module == room or module.startswith(room + ".")
+
+    wrong = []
+    for room, allowed in MAY_IMPORT.items():
+        members = GROUND if room == "ground" else (room,)
+        for module, targets in graph.items():
+            if any(inside(module, m) for m in members):
+                wrong += [f"{module} -> {t}" for t in sorted(targets)
+                          if not any(inside(t, a) for a in (*allowed, *members))]
+    assert wrong == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    """The checker itself: an import inside a function and one under TYPE_CHECKING each close a cycle."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    (pkg / "c.py").write_text("")
+    assert cycles(import_graph(pkg)) == []
