@@ -70,15 +70,14 @@ def run_side(code: Path, home: Path, generations: int, threads: int) -> tuple[li
     env = os.environ | {"PYTHONPATH": str(code), "RSI_HOME": str(home / "rsi"), "PREFECT_HOME": str(home / "prefect"),
                         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     started = time.perf_counter()
-    log = home / "log.txt"
     home.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        for args in (["db", "upgrade"], *[["run", family, "--lineage", lineage, "--generations",
-                                           str(n or generations), *more] for lineage, family, n, more in LINEAGES]):
-            done = subprocess.run([sys.executable, "-m", "rsi", *args], cwd=code, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, check=False)
-            if done.returncode:
-                raise SystemExit(f"same_results: `rsi {' '.join(args)}` on {code} exited {done.returncode}; see {log}")
+    for args in (["db", "upgrade"], *[["run", family, "--lineage", lineage, "--generations", str(n or generations),
+                                       *more] for lineage, family, n, more in LINEAGES]):
+        done = subprocess.run([sys.executable, "-m", "rsi", *args], cwd=code, env=env, capture_output=True, text=True,
+                              check=False)
+        if done.returncode:
+            raise SystemExit(f"{(done.stdout + done.stderr)[-3000:]}\nsame_results: `rsi {' '.join(args)}` on {code} "
+                             f"exited {done.returncode} (its output's end above)")
     dumped = subprocess.run([sys.executable, "-c", DUMP], cwd=code, env=env, capture_output=True, text=True, check=True)
     return json.loads(dumped.stdout), time.perf_counter() - started
 
