@@ -119,3 +119,43 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("")
     assert cycles(import_graph(pkg)) == []
+
+
+def declared_distributions() -> set[str]:
+    """The distributions pyproject.toml declares, core and extras, by normalized name."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *[r for extra in project["optional-dependencies"].values() for r in extra]]
+    return {normalized(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in requirements}
+
+
+def normalized(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_imported_distribution_is_declared():
+    """What the installed code imports (rsi/, flows/, task_generators/, migrations/; at the top or inside a
+    function) comes from the standard library, the project itself, or a distribution pyproject.toml declares."""
+    import sys
+    from importlib.metadata import packages_distributions
+
+    own = {"rsi", "flows", "task_generators", "migrations", "harness_versions"}
+    imported: dict[str, set[str]] = {}
+    for folder in own - {"harness_versions"}:
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                for name in names:
+                    imported.setdefault(name.split(".")[0], set()).add(str(path.relative_to(REPO)))
+    third_party = sorted(set(imported) - set(sys.stdlib_module_names) - own)
+    assert {"torch", "mlflow", "prefect", "sqlalchemy"} <= set(third_party)
+    providers = packages_distributions()
+    declared = declared_distributions()
+    undeclared = {name: sorted(imported[name]) for name in third_party
+                  if not {normalized(d) for d in providers.get(name, [name])} & declared}
+    assert undeclared == {}, "declare these in pyproject.toml (dependencies, or the extra that needs them)"
