@@ -788,6 +788,12 @@ def generation(config: CycleConfig, number: int, *, direct: bool = False,
     executed = call(execute, champ, found)
     audited = call(audit_stage, champ, found, executed)
     selected = call(select_stage, champ, found, executed, audited)
+    if selected.size == 0:
+        return {"generation": number, "seconds": seconds, "stopped": (
+            f"nothing to train on: none of the {audited.audited} trajectories at levels "
+            f"{', '.join(str(p.level) for p in found.plan)} passed the audit (failed rules: {audited.failed_by_rule}); "
+            "the champion solves none of the tasks the curriculum chose: a base that never learned this family or "
+            "harness? (`rsi lineage show` and the audit's rules say more)")}
     trained = call(train, champ, selected)
     judged = call(evaluate_gate, champ, found, trained)
     registered = call(register, champ, selected, trained, judged, searched)

@@ -30,7 +30,7 @@ lineage_app = typer.Typer(help="Lineages in the MLflow registry.", no_args_is_he
 engine_app = typer.Typer(help="The vLLM server (its own venv) behind the openai backend.", no_args_is_help=True)
 stack_app = typer.Typer(help="A local Prefect server and MLflow server for scheduled runs (pids and logs in "
                         "RSI_HOME/stack).", no_args_is_help=True)
-tasks_app = typer.Typer(help="Task families (plug-ins in the entry-point group rsi.task_generators).", no_args_is_help=True)
+tasks_app = typer.Typer(help="Task families (plug-ins in the entry-point group rsi.families).", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(harness_app, name="harness")

@@ -19,10 +19,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from rsi import plugins
 from rsi.config import Settings
 from rsi.curriculum import CurriculumSpec, LevelPlan
 from rsi.decomposition import Decomposition
@@ -72,7 +73,8 @@ class CycleConfig(BaseModel):
     family: str = "addition"
     harness: str = "harness_versions/addition/v2"
     seed: int = 0
-    backend: Literal["hf", "openai"] = "hf"
+    backend: str = Field("hf", description="hf (in process) or openai (rsi's vLLM engine), or another package's "
+                         "(rsi.plugins kind 'backend')")
     warm_start: Literal["parent", "base"] = "parent"
     base_recipe: dict[str, Any] = Field(default_factory=dict, description="overrides of BaseRecipe's defaults")
     replay_tasks_per_level: int = Field(64, ge=0, description="tasks per mastered level, verified, against forgetting")
@@ -94,9 +96,15 @@ class CycleConfig(BaseModel):
         "format, or the family's expert episode (its upper bound); majority: no ground truth anywhere in the "
         "loop: an answer is kept when more than half of its task's samples give it, and held-out scores (so "
         "the curriculum and the gate) are the pair's self-agreement, not its accuracy (its label_free arm)"))
-    runner: Literal["local", "ray"] = Field("local", description="where execute, audit and evaluation run "
-                                            "(rsi.runners): in this process, or in shards on a Ray cluster")
+    runner: str = Field("local", description="where execute, audit and evaluation run (rsi.runners): local, in "
+                        "this process; ray, in shards on a Ray cluster; or another package's (rsi.plugins kind "
+                        "'runner')")
     shards: int = Field(0, ge=0, description="ray runner: shards per stage (0: one per CPU of the Ray cluster)")
+
+    @field_validator("backend", "runner")
+    @classmethod
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        return plugins.known(info.field_name, name)
 
     @property
     def digest(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rsi import plugins
 from rsi.errors import UserError
 
 ASCII_DIGITS = frozenset("0123456789")
@@ -62,14 +63,15 @@ class ParserSpec(NamedTuple):
     params: type[Params]
 
 
-PARSERS: dict[str, ParserSpec] = {}
+PARSERS: dict[str, ParserSpec] = plugins.registry("parser")  # the live registry: rsi's own, others' once loaded
 
 
 def parser(name: str, params: type[Params] = NoParams) -> Callable[[Parser], Parser]:
-    """Register an answer parser under ``name``; its keyword parameters are the fields of ``params``."""
+    """Register an answer parser under ``name`` (``rsi.plugins`` kind "parser"; another package registers a
+    ``ParserSpec`` by entry point in ``rsi.parsers``); its keyword parameters are the fields of ``params``."""
 
     def register(fn: Parser) -> Parser:
-        PARSERS[name] = ParserSpec(fn, params)
+        plugins.add("parser", name, ParserSpec(fn, params))
         return fn
 
     return register
@@ -132,9 +134,19 @@ def parse_word(text: str, words: list[str]) -> Parsed:
 
 
 def get_parser(name: str) -> Parser:
-    if name not in PARSERS:
-        raise UserError(f"unknown answer parser {name!r}; known parsers: {', '.join(sorted(PARSERS))}")
-    return PARSERS[name].fn
+    return parser_spec(name).fn
+
+
+def parser_spec(name: str) -> ParserSpec:
+    """The parser registered as ``name``; unknown, a ``UserError`` naming the known ones."""
+    spec = plugins.get("parser", name)
+    if not isinstance(spec, ParserSpec):
+        raise UserError(f"answer parser {name!r} is a {type(spec).__name__}, not a rsi.parsers.ParserSpec")
+    return spec
+
+
+def parser_names() -> list[str]:
+    return plugins.names("parser")
 
 
 def digits_lsb(value: int, width: int) -> str:

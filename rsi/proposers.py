@@ -1,7 +1,8 @@
 """Harness proposers: candidate harness documents, generated from a declared search space.
 
-A proposer is a function ``(harness, space) -> [Proposal]`` registered under a name with ``@proposer``: one
-per family (it knows the family's prompt and answer formats) or generic. ``space`` is the lineage's
+A proposer is a function ``(harness, space) -> [Proposal]``, a plugin (``rsi.plugins`` kind "proposer"): generic
+ones here with ``@proposer``, a family's in its own module by entry point in ``rsi.proposers`` (it knows the
+family's prompt and answer formats; addition's is ``task_generators.addition.formats``). ``space`` is the lineage's
 ``harness_search.space``: knob -> values to try. A proposal is a whole HCP document plus its templates; the
 harness search stores each one (validated like a shipped harness, immutable, content-addressed) before
 anything runs under it.
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from rsi.errors import UserError
+from rsi import plugins
 from rsi.hashing import digest
 from rsi.hcp import Harness
 
@@ -30,24 +31,16 @@ class Proposal(BaseModel):
 
 
 Proposer = Callable[[Harness, Space], list[Proposal]]
-PROPOSERS: dict[str, Proposer] = {}
 
 
 def proposer(name: str) -> Callable[[Proposer], Proposer]:
-    def register(fn: Proposer) -> Proposer:
-        PROPOSERS[name] = fn
-        return fn
-    return register
+    """Register a proposer under ``name`` (``rsi.plugins`` kind "proposer"; another package's by entry point in
+    ``rsi.proposers``)."""
+    return plugins.plugin("proposer", name)
 
 
 def get_proposer(name: str) -> Proposer:
-    if name not in PROPOSERS:
-        import difflib
-
-        close = difflib.get_close_matches(name, PROPOSERS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown harness proposer {name!r}{hint} (known: {', '.join(sorted(PROPOSERS))})")
-    return PROPOSERS[name]
+    return plugins.get("proposer", name)
 
 
 def propose(harness: Harness, names: list[str] | tuple[str, ...], space: Space) -> list[Proposal]:
@@ -84,42 +77,3 @@ def variant(harness: Harness, slug: str, why: str, changes: dict[str, Any], sour
     doc["version"] = f"{root}.{slug}-{_content_key(doc, files)[:8]}"
     doc["description"] = f"{why} (proposed from {harness.id})"
     return Proposal(document=doc, sources=files, why=why)
-
-
-# --------------------------------------------------------------------------------------------------------
-# addition: the answer and prompt formats of reverse addition
-# --------------------------------------------------------------------------------------------------------
-PAD_PROMPT = "{{ task.a | digits_lsb(vars.width) }}+{{ task.b | digits_lsb(vars.width) }}="
-PAD_ANSWER = "{{ answer | digits_lsb(vars.width + 1) }}"
-
-
-@proposer("addition")
-def addition_formats(harness: Harness, space: Space) -> list[Proposal]:
-    """Fixed-width reverse addition at each ``width`` of the space (``format`` "pad": operands and sum least
-    significant digit first, zero-padded), with token limits sized to the width; and the harness as it is
-    with the family's ``digit_chunks`` plan at each ``chunk`` of the space (a long addition posed as additions
-    of ``chunk``-digit parts plus carries, each in the harness's own format: no migration needed). A plan's
-    calls stay within the short levels the pair already adds well, so its candidates sample one reply per
-    task (``decoding.samples = 1``): a task of level 16 at chunk 3 makes 11 calls, and 8 samples of each cost
-    what they would not teach."""
-    out = []
-    for chunk in space.get("chunk", []):
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-            raise UserError(f"harness_search.space.chunk: {chunk!r} is not a positive number of digits")
-        out.append(variant(harness, f"chunks{chunk}", f"long additions as {chunk}-digit parts plus carries",
-                           {"plan": {"name": "digit_chunks", "params": {"chunk": chunk}}, "decoding.samples": 1}))
-    for fmt in space.get("format", ["pad"]):
-        if fmt != "pad":
-            raise UserError(f"harness_search.space.format: unknown addition format {fmt!r}; known: pad")
-        for width in space.get("width", []):
-            if not isinstance(width, int) or width < 1:
-                raise UserError(f"harness_search.space.width: {width!r} is not a positive number of digits")
-            changes = {"prompt.template": "templates/prompt.j2", "prompt.system_template": None,
-                       "prompt.vars": {"width": width},
-                       "answer.parser": "reversed_digits", "answer.params": {"width": width + 1},
-                       "answer.template": "templates/answer.j2", "decoding.max_new_tokens": width + 2,
-                       "limits.max_completion_tokens": width + 2, "limits.max_prompt_tokens": 2 * width + 12}
-            out.append(variant(harness, f"pad{width}", f"fixed width {width}: levels up to {width} posable",
-                               changes, {"templates/prompt.j2": PAD_PROMPT, "templates/answer.j2": PAD_ANSWER},
-                               drop=tuple(harness.sources)))
-    return out

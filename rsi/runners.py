@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from rsi import plugins
 from rsi.audit import audit
 from rsi.errors import RuntimeFailure, UserError
 from rsi.evaluate import LevelScore, evaluate, evaluation_tasks, level_scores, posable, solved
@@ -78,12 +79,12 @@ class RunParts(Protocol):
 
 
 def make_runner(run: RunParts) -> Runner:
-    """The runner ``run.config.runner`` names; a ray runner is checked here and connects on first use."""
-    if run.config.runner == "ray":
-        return RayRunner(run, run.config.shards)
-    return LocalRunner(run)
+    """The runner ``run.config.runner`` names (``rsi.plugins`` kind "runner": a class or factory taking the run;
+    another package's by entry point in ``rsi.runners``); a ray runner is checked here and connects on first use."""
+    return plugins.get("runner", run.config.runner)(run)
 
 
+@plugins.plugin("runner", "local")
 class LocalRunner:
     """Everything in this process, on the lineage run's backend (built on first use)."""
 
@@ -119,16 +120,17 @@ class WorkerSpec(NamedTuple):
     family: str
 
 
+@plugins.plugin("runner", "ray")
 class RayRunner:
     """Shards on Ray: ``shards`` per stage (0: one per CPU of the cluster)."""
 
-    def __init__(self, run: RunParts, shards: int = 0):
+    def __init__(self, run: RunParts, shards: int | None = None):
         if importlib.util.find_spec("ray") is None:
             raise UserError("runner 'ray' needs Ray, which is not installed: pip install 'rsi[ray]'")
         if run.config.backend != "hf":
             raise UserError(f"runner 'ray' shards the hf backend over Ray workers; backend {run.config.backend!r} "
                             "batches on its own server: use --runner local with it")
-        self.run, self.shards = run, shards
+        self.run, self.shards = run, run.config.shards if shards is None else shards
         self._started = False  # whether this runner called ray.init (and so must call ray.shutdown)
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,

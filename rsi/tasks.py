@@ -1,6 +1,7 @@
-"""Task families: plug-ins registered under the entry-point group ``rsi.task_generators``.
+"""Task families: plug-ins (``rsi.plugins`` kind "family") registered by entry point in ``rsi.families`` (or
+``rsi.task_generators``, the group before it).
 
-A family is one module in ``task_generators/`` exposing a ``TaskFamily``; adding one edits nothing
+A family is one module exposing a ``TaskFamily`` (rsi's own in ``task_generators/``); adding one edits nothing
 else. Listing the families imports only their modules, never torch or a model.
 
 Splits by construction: every task belongs to exactly one of ``train``, ``heldout`` and ``test``, decided
@@ -13,16 +14,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from functools import cache
-from importlib.metadata import entry_points
 from typing import Any
 
+from rsi import plugins
 from rsi.errors import UserError
 from rsi.hashing import digest
 from rsi.models import SPLITS, Split, Task
 from rsi.substrate import Call, Environment
 
-GROUP = "rsi.task_generators"
 # Shares of the task space; heldout decides (curriculum, gate), test only reports.
 SPLIT_SHARES: dict[Split, float] = {"train": 0.8, "heldout": 0.1, "test": 0.1}
 MAX_DRAWS = 10_000  # rejection draws for one task before a split is declared empty at a level
@@ -116,22 +115,13 @@ class TaskFamily:
         return list(found.values())
 
 
-@cache
-def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
-
-
 def family_names() -> list[str]:
-    return sorted(_entry_points())
+    return plugins.names("family")
 
 
 def get_family(name: str) -> TaskFamily:
     """Load a registered family; an unknown name is a user error listing the known ones."""
-    eps = _entry_points()
-    if name not in eps:
-        known = ", ".join(family_names()) or "none installed"
-        raise UserError(f"unknown task family {name!r}; known families: {known}")
-    family = eps[name].load()
+    family = plugins.get("family", name)
     if not isinstance(family, TaskFamily):
-        raise UserError(f"entry point {name!r} in {GROUP} is {type(family).__name__}, not a TaskFamily")
+        raise UserError(f"task family {name!r} is a {type(family).__name__}, not a rsi.tasks.TaskFamily")
     return family

@@ -28,15 +28,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rsi import plugins
 from rsi.errors import UserError
 from rsi.hashing import canonical_json, digest_bytes
 from rsi.select import Dataset, Example
 
-Trainer = Literal["loop", "trl"]
 OnStep = Callable[[int, float, float], None]  # (step, loss, lr) after each optimizer step
 ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -56,8 +56,14 @@ class TrainSpec(BaseModel):
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     target_modules: tuple[str, ...] = ALL_PROJ
-    trainer: Trainer = Field("loop", description="loop: the plain PyTorch loop here (measured faster); trl: TRL's "
-                             "SFTTrainer (pip install 'rsi[trl]'); same batches, schedule and loss (bench/train.py)")
+    trainer: str = Field("loop", description="loop: the plain PyTorch loop here (measured faster); trl: TRL's "
+                         "SFTTrainer (pip install 'rsi[trl]'); same batches, schedule and loss (bench/train.py); or "
+                         "another package's (rsi.plugins kind 'trainer', entry point group rsi.trainers)")
+
+    @field_validator("trainer")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        return plugins.known("trainer", name)
 
 
 class TrainResult(BaseModel):
@@ -175,7 +181,7 @@ def train_adapter(
     examples = dataset.pool("frontier") + dataset.pool("replay")
     if not examples:
         raise ValueError("the selected dataset is empty: nothing passed the audit to train on")
-    fit = _fit_trl if spec.trainer == "trl" else _fit_loop
+    fit = plugins.get("trainer", spec.trainer)
     model, losses = fit(Path(base_dir), parent_adapter, examples, batch_plan(dataset, spec, seed), spec, seed,
                         on_step or (lambda step, loss, lr: None))
     _save_atomically(model, Path(out_dir))
@@ -183,6 +189,7 @@ def train_adapter(
                        first_loss=losses[0], final_loss=losses[-1], examples=len(dataset.examples))
 
 
+@plugins.plugin("trainer", "loop")
 def _fit_loop(base_dir: Path, parent_adapter: Path | None, examples: list[Example], plan: list[list[int]],
               spec: TrainSpec, seed: int, on_step: OnStep):
     """The plain loop: AdamW (0.9, 0.98), ``lr_at`` set each step, loss = mean over completion tokens."""
@@ -213,6 +220,7 @@ def _fit_loop(base_dir: Path, parent_adapter: Path | None, examples: list[Exampl
     return model, losses
 
 
+@plugins.plugin("trainer", "trl")
 def _fit_trl(base_dir: Path, parent_adapter: Path | None, examples: list[Example], plan: list[list[int]],
              spec: TrainSpec, seed: int, on_step: OnStep):
     """TRL's SFTTrainer on the same batches: a prompt/completion dataset (TRL appends EOS and masks the prompt),

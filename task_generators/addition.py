@@ -12,7 +12,9 @@ from collections.abc import Generator
 from typing import Any
 
 from rsi.errors import UserError
+from rsi.hcp import Harness
 from rsi.models import Task
+from rsi.proposers import Proposal, Space, variant
 from rsi.tasks import TaskFamily
 
 
@@ -127,3 +129,39 @@ family = TaskFamily(
     plans={"digit_chunks": digit_chunks},
     read=read,
 )
+
+
+# ---- the harness proposer "addition": its answer and prompt formats, and its plan -----------------------------
+PAD_PROMPT = "{{ task.a | digits_lsb(vars.width) }}+{{ task.b | digits_lsb(vars.width) }}="
+PAD_ANSWER = "{{ answer | digits_lsb(vars.width + 1) }}"
+
+
+def formats(harness: Harness, space: Space) -> list[Proposal]:
+    """Fixed-width reverse addition at each ``width`` of the space (``format`` "pad": operands and sum least
+    significant digit first, zero-padded), with token limits sized to the width; and the harness as it is
+    with the family's ``digit_chunks`` plan at each ``chunk`` of the space (a long addition posed as additions
+    of ``chunk``-digit parts plus carries, each in the harness's own format: no migration needed). A plan's
+    calls stay within the short levels the pair already adds well, so its candidates sample one reply per
+    task (``decoding.samples = 1``): a task of level 16 at chunk 3 makes 11 calls, and 8 samples of each cost
+    what they would not teach. Registered by entry point as the harness proposer ``addition`` (rsi.proposers)."""
+    out = []
+    for chunk in space.get("chunk", []):
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise UserError(f"harness_search.space.chunk: {chunk!r} is not a positive number of digits")
+        out.append(variant(harness, f"chunks{chunk}", f"long additions as {chunk}-digit parts plus carries",
+                           {"plan": {"name": "digit_chunks", "params": {"chunk": chunk}}, "decoding.samples": 1}))
+    for fmt in space.get("format", ["pad"]):
+        if fmt != "pad":
+            raise UserError(f"harness_search.space.format: unknown addition format {fmt!r}; known: pad")
+        for width in space.get("width", []):
+            if not isinstance(width, int) or width < 1:
+                raise UserError(f"harness_search.space.width: {width!r} is not a positive number of digits")
+            changes = {"prompt.template": "templates/prompt.j2", "prompt.system_template": None,
+                       "prompt.vars": {"width": width},
+                       "answer.parser": "reversed_digits", "answer.params": {"width": width + 1},
+                       "answer.template": "templates/answer.j2", "decoding.max_new_tokens": width + 2,
+                       "limits.max_completion_tokens": width + 2, "limits.max_prompt_tokens": 2 * width + 12}
+            out.append(variant(harness, f"pad{width}", f"fixed width {width}: levels up to {width} posable",
+                               changes, {"templates/prompt.j2": PAD_PROMPT, "templates/answer.j2": PAD_ANSWER},
+                               drop=tuple(harness.sources)))
+    return out

@@ -154,6 +154,15 @@ def assert_training_data_is_audited_samples(db_url: str) -> None:
     store.dispose()
 
 
+def test_a_champion_that_solves_nothing_stops_the_lineage_with_a_reason(prefect_api, tiny_base, rsi_home) -> None:
+    """Sorting on the tiny profile: its base never saw a tool episode, so no trajectory passes the audit; the
+    lineage stops saying so (it used to end in a traceback from the trainer's empty dataset)."""
+    summaries, events = run_tiny(1, family="sorting", lineage="sorting", harness="harness_versions/sorting/v1")
+    (summary,) = summaries
+    assert summary["stopped"].startswith("nothing to train on: none of the ") and "passed the audit" in summary["stopped"]
+    assert not any("train ..." in e for e in events)
+
+
 def test_resume_skips_finished_stages(prefect_api, tiny_base, rsi_home) -> None:
     """A generation whose later stages were lost is finished from where it stopped, with the same result."""
     from rsi.config import get_settings

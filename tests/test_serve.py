@@ -818,7 +818,7 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
     from rsi.mol.proxy import ChatRequest, ServeConfig, Service, specialist_params
     from rsi.mol.routers import Route
     from rsi.pair import Responder
-    from rsi.proposers import addition_formats
+    from task_generators.addition import formats as addition_formats
     from rsi.store.harnesses import write_harness_dir
     from rsi.tasks import get_family
 

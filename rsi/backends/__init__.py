@@ -1,20 +1,18 @@
-"""Generation backends: ``hf`` (in-process transformers + PEFT) and, later, ``openai`` (HTTP)."""
+"""Generation backends: ``hf`` (in-process transformers + PEFT) and ``openai`` (HTTP: rsi's vLLM engine).
 
+Each is a ``rsi.plugins`` plugin of kind "backend" (another package's by entry point in ``rsi.backends``),
+registered lazily: its heavy imports happen when it is built, not at package import.
+"""
+
+from rsi import plugins
 from rsi.backends.base import Completion, GenerationBackend, SamplingParams
 
 __all__ = ["Completion", "GenerationBackend", "SamplingParams", "get_backend"]
 
+plugins.add("backend", "hf", plugins.lazy("rsi.backends.hf:HFBackend"))
+plugins.add("backend", "openai", plugins.lazy("rsi.backends.openai:OpenAIBackend"))
+
 
 def get_backend(name: str, **kwargs) -> GenerationBackend:
-    """Build a backend by name; heavy imports happen here, not at package import."""
-    from rsi.errors import UserError
-
-    if name == "hf":
-        from rsi.backends.hf import HFBackend
-
-        return HFBackend(**kwargs)
-    if name == "openai":
-        from rsi.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(**kwargs)
-    raise UserError(f"unknown generation backend {name!r}; known backends: hf, openai")
+    """Build the backend registered as ``name``."""
+    return plugins.get("backend", name)(**kwargs)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_validator
 
-from rsi.parsers import PARSERS
+from rsi.parsers import parser_names, parser_spec
 
 HCP_VERSIONS = ("1.0",)
 CONTRACT_RULES = (
@@ -114,16 +114,16 @@ class Answer(Section):
     @field_validator("parser")
     @classmethod
     def _known_parser(cls, name: str) -> str:
-        if name not in PARSERS:
-            raise ValueError(f"unknown parser {name!r}; expected one of {', '.join(sorted(PARSERS))}")
+        if name not in parser_names():
+            raise ValueError(f"unknown parser {name!r}; expected one of {', '.join(parser_names())}")
         return name
 
     @field_validator("params")
     @classmethod
     def _typed_params(cls, params: dict[str, JsonValue], info: ValidationInfo) -> dict[str, JsonValue]:
-        spec = PARSERS.get(info.data.get("parser", ""))
-        if spec is None:  # the parser's own error says what is wrong
+        if info.data.get("parser") not in parser_names():  # the parser's own error says what is wrong
             return params
+        spec = parser_spec(info.data["parser"])
         return spec.params.model_validate(params).model_dump(mode="json")
 
 

@@ -18,7 +18,7 @@ from rsi.hcp.document import (ANSWER_NAMES, EPISODE_RULES, LEGACY_CONTRACTS, PLA
 from rsi.hcp.harness import Harness, TemplateRenderError, template_env
 from rsi.hcp.plays import calls_with_gold, demonstration
 from rsi.models import Task
-from rsi.parsers import PARSERS
+from rsi.parsers import parser_names, parser_spec
 from rsi.tasks import get_family
 
 
@@ -71,7 +71,8 @@ def _explain(path: Path, exc: ValidationError, raw: dict[str, Any]) -> str:
         if err["type"] == "extra_forbidden":
             if loc[:2] == ("answer", "params") and len(loc) == 3:
                 parser = str((raw.get("answer") or {}).get("parser"))
-                allowed = ", ".join(PARSERS[parser].params.model_fields) or f"none (parser {parser!r} takes no params)"
+                fields = parser_spec(parser).params.model_fields if parser in parser_names() else {}
+                allowed = ", ".join(fields) or f"none (parser {parser!r} takes no params)"
             else:
                 owner = _field_model(HCPDocument, loc)
                 allowed = ", ".join(owner.model_fields) if owner else "see the HCP documentation"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from rsi import plugins
 from rsi.errors import UserError
 from rsi.hashing import digest
 
@@ -71,24 +72,20 @@ class Router(Protocol):
         ...
 
 
-ROUTERS: dict[str, Callable[[], Router]] = {}
-
-
 def router(kind: str) -> Callable[[type], type]:
-    """Register a router class under ``kind``; it is built with no arguments, then fitted or loaded."""
+    """Register a router class under ``kind`` (``rsi.plugins`` kind "router"; another package's by entry point in
+    ``rsi.routers``); it is built with no arguments, then fitted or loaded."""
 
     def register(cls: type) -> type:
         cls.kind = kind
-        ROUTERS[kind] = cls
+        plugins.add("router", kind, cls)
         return cls
 
     return register
 
 
 def get_router_class(kind: str) -> Callable[[], Router]:
-    if kind not in ROUTERS:
-        raise UserError(f"unknown router {kind!r}; known routers: {', '.join(sorted(ROUTERS))}")
-    return ROUTERS[kind]
+    return plugins.get("router", kind)
 
 
 # ---- routing examples ---------------------------------------------------------------------------------
