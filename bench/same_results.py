@@ -65,12 +65,28 @@ def source(ref: str | None, into: Path) -> Path:
     return into
 
 
+def entry_points_of(code: Path, into: Path) -> Path:
+    """A folder holding a distribution with the entry points ``code``'s pyproject.toml declares (its families,
+    proposers, ...): the installed rsi's metadata is this checkout's, and another version may name other groups."""
+    import tomllib
+
+    declared = tomllib.loads((code / "pyproject.toml").read_text())["project"].get("entry-points", {})
+    dist = into / "rsi_same_results_side-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rsi-same-results-side\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in found.items()) + "\n"
+        for group, found in declared.items()))
+    return into
+
+
 def run_side(code: Path, home: Path, generations: int, threads: int) -> tuple[list, float]:
     """The lineages run on ``code`` in a fresh ``home``: the dumped rows and the wall seconds."""
-    env = os.environ | {"PYTHONPATH": str(code), "RSI_HOME": str(home / "rsi"), "PREFECT_HOME": str(home / "prefect"),
+    home.mkdir(parents=True, exist_ok=True)
+    path = f"{code}{os.pathsep}{entry_points_of(code, home / 'entry-points')}"
+    env = os.environ | {"PYTHONPATH": path, "RSI_HOME": str(home / "rsi"), "PREFECT_HOME": str(home / "prefect"),
                         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     started = time.perf_counter()
-    home.mkdir(parents=True, exist_ok=True)
     for args in (["db", "upgrade"], *[["run", family, "--lineage", lineage, "--generations", str(n or generations),
                                        *more] for lineage, family, n, more in LINEAGES]):
         done = subprocess.run([sys.executable, "-m", "rsi", *args], cwd=code, env=env, capture_output=True, text=True,
