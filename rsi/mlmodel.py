@@ -99,7 +99,8 @@ class PairModel(mlflow.pyfunc.PythonModel):
         (None where a call gave none), the completion the calls' replies in order."""
         from rsi.errors import UserError
 
-        family = self.pair.family
+        pair = self.pair
+        family = pair.family
         tasks = []
         for i, payload in enumerate(payloads):
             try:
@@ -107,7 +108,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
                                 f"{exc}); pass payloads like the family's tasks, or prompt strings") from None
-        done = self.pair.run(tasks, greedy)
+        done = pair.run(tasks, greedy)
         replies = {t.id: t.completion for t in done.trajectories}
         return [{"prompt": None, "completion": " ".join(replies[c] for c in path.calls), "answer": path.answer,
                  "calls": len(path.calls), "finish_reason": "stop" if path.answer is not None else "error"}
@@ -123,7 +124,8 @@ class PairModel(mlflow.pyfunc.PythonModel):
         from rsi.substrate import replay
         from rsi.tasks import DERIVED_SEED
 
-        family = self.pair.family
+        pair = self.pair
+        family = pair.family
         tasks = []
         for i, payload in enumerate(payloads):
             try:
@@ -137,7 +139,7 @@ class PairModel(mlflow.pyfunc.PythonModel):
                 raise UserError(f"input {i}: {payload!r} is not a {family.name} task payload ({type(exc).__name__}: "
                                 f"{exc}); pass payloads like the family's tasks") from None
         predictions = []
-        for task, trajectory in zip(tasks, self.pair.episodes(tasks, greedy), strict=True):
+        for task, trajectory in zip(tasks, pair.episodes(tasks, greedy), strict=True):
             calls = [(c.id, c.name, c.arguments) for m in trajectory.messages for c in m.tool_calls]
             parsed = parse_reply(trajectory.completion, self.harness.document.answer)
             predictions.append({"turns": [m.content for m in trajectory.messages if m.role == "assistant"],

@@ -53,6 +53,7 @@ NOUNS = {"family": ("task family", "families"), "proposer": ("harness proposer",
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in GROUPS}
 _from_entry_points: dict[str, dict[str, Any]] = {}  # kind -> name -> EntryPoint, read once per kind
+_owned: set[str] = set()  # kinds whose rsi module has registered its own (get is on hot paths: a parser per reply)
 
 
 class Lazy(NamedTuple):
@@ -144,8 +145,10 @@ def _check_kind(kind: str) -> None:
 
 
 def _own(kind: str) -> None:
-    if kind in OWN:
-        importlib.import_module(OWN[kind])
+    if kind not in _owned:
+        if kind in OWN:
+            importlib.import_module(OWN[kind])
+        _owned.add(kind)
 
 
 def _entry_points(kind: str) -> dict[str, Any]:
