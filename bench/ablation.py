@@ -74,7 +74,7 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 def arm_config(arm: str, profile: str, shared: dict[str, Any], base_seed: int, lineage_seed: int):
     """The arm's cycle config: the profile, the run's shared overrides, the cell's seeds, then the arm's own."""
-    from rsi.cycle import deep_merge, load_config
+    from rsi.run import deep_merge, load_config
 
     lineage = f"ablation-{arm.replace('+', '-')}-b{base_seed}-s{lineage_seed}"
     cell = {"seed": lineage_seed, "lineage": lineage, "base_recipe": {"seed": base_seed}}
@@ -111,26 +111,27 @@ def cpu_seconds() -> float:
 
 
 def run_arm(arm: str, config) -> tuple[dict[str, Any], Any]:
-    """Run one arm's loop (or pick); returns its record and the open LineageRun holding its final pair."""
+    """Run one arm's loop (or pick); returns its record and the open run holding its final pair."""
     from flows.cycle import run_lineage
     from rsi.config import get_settings
-    from rsi.cycle import LineageRun
+    from rsi.run import Run, RunContext
+    from rsi.store.leases import acquire_lease
 
     started, wall = cpu_seconds(), time.perf_counter()
     summaries: list[dict] = []
     if ARMS[arm][1] == "lineage":
         summaries = run_lineage(config, config.generations, lambda m: print(f"  [{config.lineage}] {m}", flush=True))
-    run = LineageRun(config, get_settings())
-    run.acquire()
+    run = Run(RunContext.of(config, get_settings()))
+    run.fence.holder, run.fence.token = acquire_lease(run.store, config.lineage)
     if ARMS[arm][1] == "pick":
         final = pick_harness(run)
     else:
-        champ = run.champion_before(10**6)
+        champ = run.champion(10**6)
         final = {"pair_id": champ.pair_id, "adapter_dir": champ.adapter_dir, "harness_id": champ.harness_id,
                  "version": champ.version}
     record = {"config_diff": None, "loop_cpu_s": round(cpu_seconds() - started, 1),
               "loop_wall_s": round(time.perf_counter() - wall, 1), "final": final,
-              "generations": [{k: s.get(k) for k in ("generation", "gate", "stopped", "harness", "version")}
+              "generations": [s.model_dump(include={"generation", "gate", "stopped", "harness", "version"})
                               for s in summaries]}
     return record, run
 
@@ -142,14 +143,14 @@ def pick_harness(run) -> dict[str, Any]:
     from rsi.store.harnesses import store_proposal
 
     spec, levels = run.config.harness_search, list(range(1, run.config.curriculum.max_level + 1))
-    proposals = propose(run.harness, spec.proposers, spec.space)
-    with run.write() as s:
+    proposals = propose(run.harnesses.start, spec.proposers, spec.space)
+    with run.fence.write() as s:
         harnesses = [store_proposal(s, p.document, p.sources, run.settings.home) for p in proposals]
     tried = {}
-    for harness in [run.harness, *harnesses]:
+    for harness in [run.harnesses.start, *harnesses]:
         pair = run.pair(None, harness)
-        run.save_pair(pair, None, None)
-        scores = run.scores(pair, None, levels)
+        run.ledger.save_pair(pair, None, None)
+        scores = run.scores.of(pair, None, levels)
         tried[harness.id] = (pair.id, sum(sc.accuracy for sc in scores.values()) / len(levels))
     best = max(tried, key=lambda h: tried[h][1])
     return {"pair_id": tried[best][0], "adapter_dir": None, "harness_id": best, "version": "base",
@@ -163,8 +164,8 @@ def test_scores(run, final: dict[str, Any], levels: list[int], n: int) -> dict[s
     from rsi.hcp.plays import calls_with_gold, poses
     from rsi.pair import Responder
 
-    harness = run.harness_of(final["harness_id"])
-    pair = Responder(harness, run.backend, final["pair_id"], final["adapter_dir"], run.family)
+    harness = run.harnesses.of(final["harness_id"])
+    pair = Responder(harness, run.base.backend, final["pair_id"], final["adapter_dir"], run.family)
     scores = evaluate(pair, levels, n, lineage_seed=run.config.seed, split="test")
     out: dict[str, Any] = {"levels": {sc.level: {"accuracy": sc.accuracy, "ci_low": sc.ci_low, "ci_high": sc.ci_high,
                                                  "n": sc.n} for sc in scores}}
@@ -273,7 +274,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep the cells finished on this commit")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # the child's side: "base_seed,lineage_seed,home"
     args = parser.parse_args()
-    from rsi.cycle import profile_for
+    from rsi.run import profile_for
     from rsi.errors import UserError
 
     args.profile = profile_for(args.profile, args.family)

@@ -32,16 +32,18 @@ def arm(name: str, profile: str, base: Path, root: Path) -> dict:
     os.environ["RSI_HOME"] = str(home)
     from flows.cycle import generation, rsi_cycle
     from rsi.config import get_settings
-    from rsi.cycle import LineageRun, load_config
+    from rsi.run import Run, RunContext, load_config
+    from rsi.store.leases import acquire_lease
 
-    run = LineageRun(load_config(profile), get_settings())
-    run.acquire()
-    run.backend  # load the model outside the timed region: both arms pay it once
+    run = Run(RunContext.of(load_config(profile), get_settings()))
+    run.fence.holder, run.fence.token = acquire_lease(run.store, run.config.lineage)
+    run.base.backend  # load the model outside the timed region: both arms pay it once
     start = time.perf_counter()
-    summary = generation(run.config, 1, direct=True) if name == "direct" else rsi_cycle(run.config, 1)
+    # the flow arm builds its own run from the context (as a deployment would), the direct one reuses this one
+    summary = generation(run, 1, direct=True) if name == "direct" else rsi_cycle(run.context.leased(run.fence), 1)
     total = time.perf_counter() - start
     run.close()
-    return {"stages": summary["seconds"], "total": total, "gate": summary.get("gate")}
+    return {"stages": summary.seconds, "total": total, "gate": summary.gate}
 
 
 def best(runs: list[dict]) -> dict:
@@ -61,7 +63,7 @@ def main() -> None:
     os.environ["PREFECT_HOME"] = str(root / "prefect")
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     config = load_config(args.profile)
     base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**config.base_recipe))

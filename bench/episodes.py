@@ -39,7 +39,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "episodes.json"
 def sorting_base() -> Path:
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     return ensure_base(get_settings(), BaseRecipe(**load_config("sorting").base_recipe))
 

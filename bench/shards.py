@@ -30,35 +30,33 @@ STAGES = ("execute", "audit", "evaluate")
 
 def workload(run):
     """Generation 1's tasks (discovered as the cycle does), rollout params, and the gate's levels."""
-    from sqlalchemy import select
-
     from flows.cycle import discover
     from rsi.pair import sampling_params
     from rsi.splits import stream_seed
-    from rsi.store.records import task_from_row
-    from rsi.store.schema import TaskRow
+    from rsi.store.records import load_tasks
 
-    champ = run.champion_before(1)
-    found = discover.fn(run.config, 1, champ)
+    champ = run.champion(1)
+    found = discover.fn(run, 1, champ)
     with run.store.session() as s:
-        rows = {r.id: task_from_row(r) for r in s.scalars(select(TaskRow).where(TaskRow.id.in_(found.task_ids)))}
-    tasks = [rows[i] for i in found.task_ids]
-    params = sampling_params(run.harness, seed=stream_seed("rollout", run.config.seed, 1))
+        tasks = load_tasks(s, found.task_ids)
+    harness = run.harnesses.start
+    params = sampling_params(harness, seed=stream_seed("rollout", run.config.seed, 1))
     reached = [*found.accuracy, *found.frontier_levels]
-    levels = list(range(1, min(max(reached) + 1, run.max_level(run.harness)) + 1))
+    levels = list(range(1, min(max(reached) + 1, run.harnesses.max_level(harness)) + 1))
     return champ, tasks, params, levels
 
 
 def one_pass(runner, run, champ, tasks, params, levels) -> tuple[dict[str, float], dict]:
     """Seconds per stage and the outputs (to compare runners)."""
     seconds, started = {}, time.perf_counter()
-    trajectories, _ = runner.rollout(run.harness, tasks, champ.pair_id, params)
+    trajectories, _ = runner.rollout(run.harnesses.start, tasks, champ.pair_id, params)
     seconds["execute"] = time.perf_counter() - started
     started = time.perf_counter()
-    verdicts = runner.audit(run.harness, trajectories, {t.id: t for t in tasks}, run.load_pair(champ.pair_id))
+    verdicts = runner.audit(run.harnesses.start, trajectories, {t.id: t for t in tasks},
+                            run.ledger.load_pair(champ.pair_id))
     seconds["audit"] = time.perf_counter() - started
     started = time.perf_counter()
-    scores = runner.evaluate(run.harness, champ.pair_id, levels, run.config.eval_n, lineage_seed=run.config.seed,
+    scores = runner.evaluate(run.harnesses.start, champ.pair_id, levels, run.config.eval_n, lineage_seed=run.config.seed,
                              adapter=None, split="heldout")
     seconds["evaluate"] = time.perf_counter() - started
     outputs = {"trajectories": [(t.id, t.completion) for t in trajectories],
@@ -81,10 +79,11 @@ def main() -> None:
 
     from bench.train import open_run
     from rsi.runners import LocalRunner, RayRunner
+    from rsi.store.leases import acquire_lease
 
     run = open_run(args.profile, root)
     config = run.config
-    run.acquire()
+    run.fence.holder, run.fence.token = acquire_lease(run.store, config.lineage)
     champ, tasks, params, levels = workload(run)
 
     started = time.perf_counter()

@@ -52,7 +52,7 @@ def measure(levels: list[int], n: int) -> dict[str, Any]:
     from flows.cycle import run_lineage
     from rsi.backends.hf import HFBackend
     from rsi.config import get_settings
-    from rsi.cycle import load_config, open_run
+    from rsi.run import RunContext, load_config, open_run
     from rsi.evaluate import evaluate
     from rsi.pair import Responder
 
@@ -60,10 +60,10 @@ def measure(levels: list[int], n: int) -> dict[str, Any]:
     started = time.perf_counter()
     run_lineage(config, 1, lambda message: print(message, flush=True))
     run_s = time.perf_counter() - started
-    with open_run(config, get_settings()) as run:
-        (gen,) = run.finished_generations()
-        trained, judged, registered = (run.stage_result(gen, s) for s in ("train", "evaluate", "register"))
-        harness, base_dir = run.harness, run.base_dir
+    with open_run(RunContext.of(config, get_settings())) as run:
+        (gen,) = run.ledger.finished()
+        trained, judged, registered = (run.ledger.result(gen, s) for s in ("train", "evaluate", "register"))
+        harness, base_dir = run.harnesses.start, run.base.dir
         started = time.perf_counter()
         backend = HFBackend(base_dir)
         scores = {name: evaluate(Responder(harness, backend, name, adapter, run.family), levels, n,

@@ -43,17 +43,17 @@ ARMS = ("loop", "trl")
 
 
 def open_run(profile: str, root: Path):
-    """A LineageRun of ``profile`` in a fresh RSI_HOME under ``root``, with the cached base (built once)."""
+    """A ``rsi.run.Run`` of ``profile`` in a fresh RSI_HOME under ``root``, with the cached base (built once)."""
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
-    from rsi.cycle import LineageRun, load_config
+    from rsi.run import Run, RunContext, load_config
 
     config = load_config(profile)
     base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**config.base_recipe))
     home = root / "home"
     shutil.copytree(base, home / "models" / base.name)
     os.environ["RSI_HOME"] = str(home)
-    return LineageRun(config, Settings(home=home))
+    return Run(RunContext.of(config, Settings(home=home)))
 
 
 def heldout(run, adapter: Path | None, levels: list[int], n: int) -> dict[int, float]:
@@ -63,7 +63,7 @@ def heldout(run, adapter: Path | None, levels: list[int], n: int) -> dict[int, f
     from rsi.train import adapter_hash
 
     pair = run.pair(adapter_hash(adapter) if adapter else None)
-    scores = evaluate(Responder(run.harness, run.backend, pair.id, adapter, run.family), levels, n,
+    scores = evaluate(Responder(run.harnesses.start, run.base.backend, pair.id, adapter, run.family), levels, n,
                       lineage_seed=run.config.seed)
     return {sc.level: sc.accuracy for sc in scores}
 
@@ -78,18 +78,18 @@ def generation_one_data(run, levels: list[int], eval_n: int) -> tuple[Any, dict[
 
     config, started = run.config, time.perf_counter()
     accuracy = heldout(run, None, levels, eval_n)
-    plan = plan_levels(accuracy, run.curriculum(run.harness))
+    plan = plan_levels(accuracy, run.harnesses.curriculum(run.harnesses.start))
     mastered = frontier(accuracy, config.curriculum.mastery)
     seed = stream_seed("rollout", config.seed, 1)
     tasks = [t for p in plan for t in run.family.tasks("train", seed, p.level, p.n_tasks)]
     tasks += [t for lvl in range(1, mastered + 1)
               for t in run.family.tasks("train", stream_seed("replay", config.seed, 1), lvl, config.replay_tasks_per_level)]
     by_id = {t.id: t for t in tasks}
-    samples = Responder(run.harness, run.backend, run.pair(None).id, family=run.family).episodes(
-        tasks, sampling_params(run.harness, seed=seed))
+    samples = Responder(run.harnesses.start, run.base.backend, run.pair(None).id, family=run.family).episodes(
+        tasks, sampling_params(run.harnesses.start, seed=seed))
     candidates = [Candidate(trajectory_id=s.id, task_id=s.task_id, level=by_id[s.task_id].level,
                             prompt=prompt_text(s), completion=s.completion,
-                            passed=audit(s, by_id[s.task_id], run.harness, run.family).passed) for s in samples]
+                            passed=audit(s, by_id[s.task_id], run.harnesses.start, run.family).passed) for s in samples]
     dataset = select(candidates, [], config.selection, frontier_levels={p.level for p in plan}, seed=config.seed + 1)
     levels_of = lambda pool: sorted({e.level for e in dataset.pool(pool)})  # noqa: E731
     return dataset, {"source": "verified samples of the base (generation 1 of the lineage)", "base": accuracy,
@@ -106,7 +106,7 @@ def batch_tokens(run, dataset, spec, seed: int) -> int:
 
     from rsi.train import batch_plan, encode
 
-    tokenizer = AutoTokenizer.from_pretrained(run.base_dir)
+    tokenizer = AutoTokenizer.from_pretrained(run.base.dir)
     lengths = [len(encode(tokenizer, e)[0]) for e in dataset.pool("frontier") + dataset.pool("replay")]
     return sum(lengths[i] for batch in batch_plan(dataset, spec, seed) for i in batch)
 
@@ -117,7 +117,7 @@ def train_once(run, dataset, spec, seed: int, out: Path, tokens: int) -> dict[st
     stamps: list[float] = []
     load = os.getloadavg()[0]
     started, cpu = time.perf_counter(), time.process_time()
-    result = train_adapter(run.base_dir, None, dataset, spec, out, seed=seed,
+    result = train_adapter(run.base.dir, None, dataset, spec, out, seed=seed,
                            on_step=lambda step, loss, lr: stamps.append(time.perf_counter()))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     # stamps are step ends: the first-to-last span times N-1 steps; scaled to N steps without the set-up
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="rsi-bench-train-"))
     try:
         run = open_run(args.profile, root)
-        levels = list(range(1, min(args.levels, run.max_level(run.harness)) + 1))
+        levels = list(range(1, min(args.levels, run.harnesses.max_level(run.harnesses.start)) + 1))
         spec = run.config.train.model_copy(update={"steps": args.steps} if args.steps else {})
         eval_n = args.eval_n or run.config.eval_n
         dataset, data = generation_one_data(run, levels, eval_n)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                               "python": platform.python_version(), "torch": torch.__version__,
                               "versions": versions()}}
-        run.backend.close()
+        run.base.backend.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     write_result(args.out, result, run_config(args), args.threads)

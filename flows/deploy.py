@@ -20,7 +20,7 @@ from typing import Any
 
 from flows.cycle import rsi_lineage
 from rsi.config import Settings
-from rsi.cycle import latest_harness, load_config
+from rsi.run import latest_harness, load_config
 from rsi.errors import UserError
 
 POOL = "rsi"

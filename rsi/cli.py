@@ -328,7 +328,7 @@ def base_build(profile: str | None = PROFILE, force: bool = typer.Option(False, 
 
     from rsi.basemodel import BaseRecipe, base_report, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config, parse_sets, profile_for
+    from rsi.run import load_config, parse_sets, profile_for
 
     recipe = BaseRecipe(**load_config(profile_for(profile), **with_base_seed(parse_sets(sets), base_seed)).base_recipe)
     columns = [TextColumn("training base"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
@@ -380,7 +380,7 @@ def eval_cmd(
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
-    from rsi.cycle import load_config, profile_for
+    from rsi.run import load_config, profile_for
     from rsi.errors import UserError
     from rsi.evaluate import evaluate, expressible
     from rsi.hcp import load_harness
@@ -506,7 +506,7 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.cycle import PROFILES, latest_harness, load_config, parse_sets, profile_for
+    from rsi.run import PROFILES, latest_harness, load_config, parse_sets, profile_for
 
     # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
     harness = harness or (None if "harness" in PROFILES.get(profile or "", {}) else latest_harness(family))
@@ -662,7 +662,7 @@ def deploy_cmd(
     `rsi worker`."""
     from flows.deploy import deploy
     from rsi.config import get_settings
-    from rsi.cycle import parse_sets, profile_for
+    from rsi.run import parse_sets, profile_for
 
     info = deploy(get_settings(), lineage, family=family or lineage, profile=profile_for(profile, family or lineage),
                   generations=generations,
@@ -703,7 +703,7 @@ def engine_start(
     from rsi import engine
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import get_settings
-    from rsi.cycle import load_config, profile_for
+    from rsi.run import load_config, profile_for
 
     settings = get_settings()
     base = ensure_base(settings, BaseRecipe(**load_config(profile_for(profile)).base_recipe))

@@ -36,7 +36,6 @@ from rsi.hashing import digest
 from rsi.pair import Responder
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     from rsi.backends.base import GenerationBackend, SamplingParams
     from rsi.hcp import Harness
@@ -69,13 +68,12 @@ def posed(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -
 
 
 class RunParts(Protocol):
-    """What a runner reads of the lineage run it serves (``rsi.cycle.LineageRun`` is one): its config's
-    ``runner``, ``shards`` and ``backend``, its family, its backend and its base model's directory."""
+    """What a runner reads of the lineage run it serves (``rsi.run.Run`` is one): its config's ``runner``,
+    ``shards`` and ``backend``, its family, and its base (``rsi.run.base.Base``: ``backend`` and ``dir``)."""
 
     config: Any
     family: TaskFamily
-    backend: GenerationBackend
-    base_dir: Path
+    base: Any
 
 
 def make_runner(run: RunParts) -> Runner:
@@ -93,7 +91,7 @@ class LocalRunner:
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
-        return posed(Responder(harness, self.run.backend, pair_id, adapter, self.run.family), tasks, params)
+        return posed(Responder(harness, self.run.base.backend, pair_id, adapter, self.run.family), tasks, params)
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]:
@@ -101,7 +99,7 @@ class LocalRunner:
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
                  adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
-        return evaluate(Responder(harness, self.run.backend, pair_id, adapter, self.run.family), levels, n,
+        return evaluate(Responder(harness, self.run.base.backend, pair_id, adapter, self.run.family), levels, n,
                         lineage_seed=lineage_seed, split=split, agreement=agreement)
 
     def close(self) -> None:
@@ -208,7 +206,7 @@ class RayRunner:
 
     def _spec(self, harness: Harness) -> WorkerSpec:
         run = self.run
-        return WorkerSpec(model_dir=str(run.base_dir), harness=str(harness.path), harness_hash=harness.hash,
+        return WorkerSpec(model_dir=str(run.base.dir), harness=str(harness.path), harness_hash=harness.hash,
                           family=run.family.name)
 
     def _connect(self) -> None:

@@ -44,7 +44,7 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     RSI_HOME kept between sessions: the base is cached there by recipe digest)."""
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     home = Path(os.environ.get("RSI_TEST_BASE_CACHE") or tmp_path_factory.mktemp("base-home"))
     return ensure_base(Settings(home=home), BaseRecipe(**load_config("tiny").base_recipe))

@@ -107,20 +107,18 @@ def trajectory(task, text: str, i: int) -> Trajectory:
 
 
 def test_majority_selection_keeps_the_majority_answer_even_when_it_is_wrong_and_truth_writes_the_answer():
-    from flows.cycle import kept
     from rsi.migrate import true_example
+    from rsi.run.data import TrainingData
 
     v2 = load_harness("addition/v2")
     task = FAMILY.tasks("train", 0, 3, 1)[0]
     a, b = task.payload["a"], task.payload["b"]
     wrong, right = digits_lsb(a + b + 1, 11), digits_lsb(a + b, 11)
     samples = [trajectory(task, wrong, i) for i in range(5)] + [trajectory(task, right, i) for i in range(5, 8)]
-    run = SimpleNamespace(config=SimpleNamespace(labels="majority"), harness_of=lambda _: v2)
-    assert kept(run, None, samples) == {t.id for t in samples[:5]}  # the wrong majority: no verifier asked
-    run.config.labels = "unverified"
-    assert kept(run, None, samples) == {t.id for t in samples}
-    run.config.labels = "truth"
-    (first,) = kept(run, None, samples)
+    data = TrainingData(SimpleNamespace(store=None), harnesses=None, family=FAMILY)  # no DB: no verdict is read
+    assert data.kept(samples, "majority", v2) == {t.id for t in samples[:5]}  # the wrong majority: no verifier asked
+    assert data.kept(samples, "unverified", v2) == {t.id for t in samples}
+    (first,) = data.kept(samples, "truth", v2)
     example = true_example(next(t for t in samples if t.id == first), task, v2, FAMILY)
     assert example.completion == right and example.prompt == v2.prompt(task.payload)
 
@@ -137,9 +135,9 @@ def test_a_lineage_that_trains_no_weights_searches_harnesses_for_the_untrained_b
     seed_home(rsi_home, tiny_base)
     summaries, _ = run_tiny(1, train={"steps": 0}, harness_search={"space": {"chunk": [2]}})
     (searched,) = summaries
-    assert [c["harness"].split(".")[1].split("-")[0] for c in searched["harness_candidates"]] == ["chunks2"]
-    assert searched["gate"] in ("promoted", "rejected") and "train_seconds" in searched
+    assert [c.harness.split(".")[1].split("-")[0] for c in searched.harness_candidates] == ["chunks2"]
+    assert searched.gate in ("promoted", "rejected") and searched.train_seconds is not None
     assert not any((rsi_home / "adapters").rglob("adapter_model.safetensors"))
     client = MlflowClient(get_settings().mlflow_uri)
     (version,) = client.search_model_versions("name = 'rsi-addition'")
-    assert version.tags["adapter_hash"] == "None" and version.tags["harness_id"] == searched["harness"]
+    assert version.tags["adapter_hash"] == "None" and version.tags["harness_id"] == searched.harness

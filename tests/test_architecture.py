@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from .conftest import REPO
@@ -159,3 +160,62 @@ def test_every_imported_distribution_is_declared():
     undeclared = {name: sorted(imported[name]) for name in third_party
                   if not {normalized(d) for d in providers.get(name, [name])} & declared}
     assert undeclared == {}, "declare these in pyproject.toml (dependencies, or the extra that needs them)"
+
+
+# The run context's methods: a class's own, and every function of rsi/ or flows/ that takes it first (a stage of
+# flows/cycle.py takes the run first): a god object stays visible however its methods are spelled.
+CONTEXTS = ("Run", "RunContext")
+MAX_METHODS = 15
+
+
+def method_counts(roots: list[Path]) -> dict[str, list[str]]:
+    """Class name -> its methods (``path:name``), the run contexts' with the functions that take them first."""
+    methods: dict[str, list[str]] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            where = str(path.relative_to(root.parent))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    methods.setdefault(f"{where}:{node.name}", []).extend(
+                        f"{where}:{node.name}.{b.name}" for b in node.body
+                        if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.args:
+                    first = node.args.args[0].annotation
+                    name = ast.unparse(first).strip("'\"") if first is not None else ""
+                    if name in CONTEXTS:
+                        methods.setdefault(f"context:{name}", []).append(f"{where}:{node.name}")
+    for name in CONTEXTS:  # the class's own methods join the functions that take it first
+        own = [k for k in methods if k.endswith(f":{name}") and not k.startswith("context:")]
+        methods[f"context:{name}"] = [*methods.get(f"context:{name}", []), *(m for k in own for m in methods.pop(k))]
+    return methods
+
+
+def test_no_class_has_more_than_15_methods():
+    counts = method_counts([REPO / "rsi", REPO / "flows"])
+    assert len(counts["context:Run"]) > 10  # the stages are counted as the run's
+    assert {name: len(m) for name, m in counts.items() if len(m) > MAX_METHODS} == {}
+
+
+def test_the_method_count_sees_functions_that_take_the_context_first(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("class Run:\n    def a(self): ...\n    def b(self): ...\n")
+    (pkg / "b.py").write_text("def stage(run: Run, n: int): ...\ndef other(n: int, run: Run): ...\n"
+                              "def later(run: 'Run'): ...\n")
+    counts = method_counts([pkg])
+    assert sorted(counts["context:Run"]) == ["pkg/a.py:Run.a", "pkg/a.py:Run.b", "pkg/b.py:later", "pkg/b.py:stage"]
+
+
+def test_the_cycle_reads_as_the_algorithm():
+    """flows/cycle.py is the cycle top to bottom: at most 400 lines, and no SQL (rsi.store), MLflow calls
+    (rsi.lineage) or Prefect artifacts (flows/artifacts.py) in it."""
+    text = (REPO / "flows" / "cycle.py").read_text()
+    assert len(text.splitlines()) <= 400
+    imported = {node.module if isinstance(node, ast.ImportFrom) else a.name
+                for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for a in node.names}
+    banned = ("sqlalchemy", "mlflow", "prefect.artifacts", "rsi.store.schema", "rsi.store.db")
+    assert [m for m in imported if m and m.startswith(banned)] == []
+    assert not re.search(r"\.execute\(|mlflow\.|create_\w*artifact|update_\w*artifact", text)

@@ -482,7 +482,7 @@ def test_counted_tokens_equal_the_hf_backend(tmp_path: Path) -> None:
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
-    from rsi.cycle import load_config
+    from rsi.run import load_config
     from rsi.pair import Responder, sampling_params
 
     model_dir = ensure_base(Settings(home=tmp_path), BaseRecipe(**load_config("tiny").base_recipe))

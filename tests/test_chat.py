@@ -207,7 +207,7 @@ def test_lora_trains_on_chat_examples_and_the_backend_chats_with_it(chat_model: 
 
 
 def test_the_smollm2_profile_runs_the_chat_harness() -> None:
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     config = load_config("smollm2")
     harness = load_harness(config.harness)

@@ -44,7 +44,7 @@ PROMOTING = {"train": {"steps": 120, "batch_size": 32, "warmup": 4}, "eval_n": 2
 
 def run_tiny(generations: int, **overrides):
     from flows.cycle import run_lineage
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     events: list[str] = []
     summaries = run_lineage(load_config("tiny", **overrides), generations, events.append)
@@ -56,7 +56,7 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
     from mlflow import MlflowClient
 
     from rsi.config import get_settings
-    from rsi.cycle import CycleConfig
+    from rsi.run import CycleConfig
     from rsi.store import open_store
     from rsi.store.schema import DatasetRow, Generation, StageRun, TrajectoryRow, VerdictRow
 
@@ -64,20 +64,20 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
         monkeypatch.setenv("RSI_DATABASE_URL", request.getfixturevalue("fresh_postgres_url"))
     seed_home(rsi_home, tiny_base)
     summaries, events = run_tiny(2)
-    assert [s["generation"] for s in summaries] == [1, 2]
+    assert [s.generation for s in summaries] == [1, 2]
     for s in summaries:
-        assert s["gate"] in ("promoted", "rejected") and s["trajectories"] > 0 and s["reasons"]
+        assert s.gate in ("promoted", "rejected") and s.trajectories > 0 and s.reasons
 
     settings = get_settings()
     store = open_store(settings.db_url)
     with store.session() as db:
         gens = list(db.scalars(select(Generation).order_by(Generation.number)))
-        assert [g.status for g in gens] == [s["gate"] for s in summaries]
+        assert [g.status for g in gens] == [s.gate for s in summaries]
         stages = {(r.generation_id, r.stage) for r in db.scalars(select(StageRun).where(StageRun.status == "done"))}
         assert {st for _, st in stages} == {"discover", "execute", "audit", "select", "train", "evaluate", "register",
                                             "decompose"}
         n_traj = len(db.scalars(select(TrajectoryRow.id)).all())
-        assert n_traj == sum(s["trajectories"] for s in summaries)
+        assert n_traj == sum(s.trajectories for s in summaries)
         assert len(db.scalars(select(VerdictRow.id)).all()) == n_traj  # one verdict per trajectory
         assert len(db.scalars(select(DatasetRow.digest)).all()) >= 1
     store.dispose()
@@ -87,7 +87,7 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
     assert len(versions) == 2
     for v, s in zip(versions, summaries):
         assert all(tag in v.tags for tag in TAGS), v.tags
-        assert v.tags["gate"] == s["gate"] and v.tags["generation"] == str(s["generation"])
+        assert v.tags["gate"] == s.gate and v.tags["generation"] == str(s.generation)
         assert any(k.startswith("acc_level_") for k in v.tags)
         files = {f.path for f in client.list_artifacts(v.run_id, "candidate/adapter")}
         assert "candidate/adapter/adapter_model.safetensors" in files
@@ -109,19 +109,19 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
 
     # started again, the lineage continues at generation 3 instead of redoing 1 and 2
     more, _ = run_tiny(1)
-    assert [s["generation"] for s in more] == [3]
+    assert [s.generation for s in more] == [3]
 
 
 def assert_decomposed(client, version, summary) -> None:
     """The version's run holds its gain decomposition: per level and split, the gains as metrics, and they add
     up to the candidate's accuracy minus the parent's (as the gate measured them, on the held-out split)."""
     metrics = client.get_run(version.run_id).data.metrics
-    for level, accuracy in summary["candidate"].items():
+    for level, accuracy in summary.candidate.items():
         parts = [metrics[f"heldout_gain_{part}_level_{level}"] for part in ("weights", "harness", "interaction")]
-        assert abs(sum(parts) - (accuracy - summary["parent"][level])) < 2e-3, (level, parts, summary)
+        assert abs(sum(parts) - (accuracy - summary.parent[level])) < 2e-3, (level, parts, summary)
         assert f"test_gain_weights_level_{level}" in metrics and f"test_acc_base_level_{level}" in metrics
     assert version.tags["test_over_no_training"]
-    assert {row["level"] for row in summary["gains"]["test"]} == {int(level) for level in summary["candidate"]}
+    assert {row["level"] for row in summary.gains["test"]} == {int(level) for level in summary.candidate}
 
 
 def assert_training_data_is_audited_samples(db_url: str) -> None:
@@ -159,7 +159,7 @@ def test_a_champion_that_solves_nothing_stops_the_lineage_with_a_reason(prefect_
     lineage stops saying so (it used to end in a traceback from the trainer's empty dataset)."""
     summaries, events = run_tiny(1, family="sorting", lineage="sorting", harness="harness_versions/sorting/v1")
     (summary,) = summaries
-    assert summary["stopped"].startswith("nothing to train on: none of the ") and "passed the audit" in summary["stopped"]
+    assert summary.stopped.startswith("nothing to train on: none of the ") and "passed the audit" in summary.stopped
     assert not any("train ..." in e for e in events)
 
 
@@ -181,13 +181,13 @@ def test_resume_skips_finished_stages(prefect_api, tiny_base, rsi_home) -> None:
         gen.status = "running"
     shutil.rmtree(train["adapter_dir"])
     again, events = run_tiny(1)
-    assert [s["generation"] for s in again] == [1]
+    assert [s.generation for s in again] == [1]
     skipped = [e for e in events if "skipped" in e]  # "generation 1 discover: skipped (finished earlier, ...)"
     assert [e.split()[2].rstrip(":") for e in skipped] == ["discover", "execute", "audit", "select"]
     with store.session() as db:
         retrained = db.scalars(select(StageRun).where(StageRun.stage == "train")).one().result
     assert retrained["adapter_hash"] == train["adapter_hash"]  # deterministic training
-    assert again[0]["gate"] == first[0]["gate"]
+    assert again[0].gate == first[0].gate
     store.dispose()
 
 
@@ -196,15 +196,15 @@ def test_openai_backend_uses_an_external_engine_when_one_is_configured(tiny_base
     RSI_ENGINE_MODEL with RSI_ENGINE_API_KEY, and rsi never starts its own engine."""
     from rsi import engine
     from rsi.config import get_settings
-    from rsi.cycle import LineageRun, load_config
+    from rsi.run import Run, RunContext, load_config
 
     seed_home(rsi_home, tiny_base)
     monkeypatch.setenv("RSI_ENGINE_URL", "http://10.0.0.7:8000")
     monkeypatch.setenv("RSI_ENGINE_API_KEY", "s3cret")
     monkeypatch.setenv("RSI_ENGINE_MODEL", "rsi-base")
     monkeypatch.setattr(engine, "start", lambda *a, **k: pytest.fail("started an engine despite RSI_ENGINE_URL"))
-    run = LineageRun(load_config("tiny", backend="openai"), get_settings())
-    backend = run.backend
+    run = Run(RunContext.of(load_config("tiny", backend="openai"), get_settings()))
+    backend = run.base.backend
     assert (backend.base_url, backend.model) == ("http://10.0.0.7:8000/v1", "rsi-base")
     assert backend._client.headers["Authorization"] == "Bearer s3cret"
     assert get_settings().resolved()["engine_api_key"] == "***"
@@ -214,7 +214,7 @@ def test_openai_backend_uses_an_external_engine_when_one_is_configured(tiny_base
 
 def test_second_run_on_a_leased_lineage_exits_2(tiny_base, rsi_home) -> None:
     from rsi.config import get_settings
-    from rsi.cycle import acquire_lease, release_lease
+    from rsi.store.leases import acquire_lease, release_lease
     from rsi.store import open_store
 
     store = open_store(get_settings().db_url)
@@ -234,25 +234,27 @@ def test_a_run_that_lost_its_lease_cannot_write(tiny_base, rsi_home) -> None:
     from datetime import timedelta
 
     from rsi.config import get_settings
-    from rsi.cycle import LineageRun, load_config
     from rsi.errors import RuntimeFailure
+    from rsi.run import Run, RunContext, load_config
+    from rsi.store.leases import acquire_lease, release_lease
     from rsi.store.schema import Lease, utcnow
 
     seed_home(rsi_home, tiny_base)
-    old = LineageRun(load_config("tiny"), get_settings())
-    old.acquire()
-    old.generation_row(1)  # writes while holding the lease
+    context = RunContext.of(load_config("tiny"), get_settings())
+    old = Run(context)
+    old.fence.holder, old.fence.token = acquire_lease(old.store, "addition")
+    old.ledger.generation(1)  # writes while holding the lease
     with old.store.session() as s:  # its heartbeat stalled past the ttl, and its holder looks like another host's
         lease = s.get(Lease, "addition")
         lease.heartbeat_at, lease.holder = utcnow() - timedelta(seconds=600), "elsewhere:1"
-    old.holder = "elsewhere:1"  # the same run, as the lease row names it
-    new = LineageRun(load_config("tiny"), get_settings())
-    new.acquire()
-    assert new.token == old.token + 1
+    old.fence.holder = "elsewhere:1"  # the same run, as the lease row names it
+    new = Run(context)
+    new.fence.holder, new.fence.token = acquire_lease(new.store, "addition")
+    assert new.fence.token == old.fence.token + 1
     with pytest.raises(RuntimeFailure, match="no longer holds the lease"):
-        old.generation_row(2)
-    new.generation_row(2)
-    new.release()
+        old.ledger.generation(2)
+    new.ledger.generation(2)
+    release_lease(new.store, "addition", new.fence.holder, new.fence.token)
     old.close()
     new.close()
 
@@ -263,13 +265,15 @@ def test_heartbeat_retries_then_stops_the_run_with_a_clear_message(tiny_base, rs
 
     from sqlalchemy.exc import OperationalError
 
-    import rsi.cycle as cycle
+    import rsi.run.lease as lease
     from rsi.config import get_settings
     from rsi.errors import RuntimeFailure
+    from rsi.run import Run, RunContext, load_config
+    from rsi.store.leases import acquire_lease
 
     seed_home(rsi_home, tiny_base)
-    run = cycle.LineageRun(cycle.load_config("tiny"), get_settings())
-    run.acquire()
+    run = Run(RunContext.of(load_config("tiny"), get_settings()))
+    run.fence.holder, run.fence.token = acquire_lease(run.store, "addition")
     calls = []
 
     def flaky(store, lineage, holder, token):
@@ -278,13 +282,13 @@ def test_heartbeat_retries_then_stops_the_run_with_a_clear_message(tiny_base, rs
             raise OperationalError("UPDATE rsi_leases", {}, Exception("database is locked"))
         return True
 
-    monkeypatch.setattr(cycle, "heartbeat", flaky)
-    cycle.keep_alive(run, threading.Event(), every_s=0.01, retries=3, backoff_s=0.001)
+    monkeypatch.setattr(lease, "heartbeat", flaky)
+    lease.keep_alive(run.fence, threading.Event(), every_s=0.01, retries=3, backoff_s=0.001)
     assert len(calls) == 6  # recovered after 2 failures, then gave up after 3 in a row
     with pytest.raises(RuntimeFailure, match="heartbeat failed 3 times in a row.*database is locked"):
-        run.check_lease()
+        run.fence.check()
     with pytest.raises(RuntimeFailure):
-        run.generation_row(1)
+        run.ledger.generation(1)
     run.close()
 
 
@@ -375,7 +379,7 @@ def test_corrupted_training_data_is_not_promoted(prefect_api, tiny_base, rsi_hom
     worst drop bound lies far below the corrupted one's. (Whether the clean one also clears 0.04 depends on
     the CPU's float kernels: an AVX-512/AMX Xeon rejected it at 0.044, so that is not asserted.)"""
     from rsi.config import get_settings
-    from rsi.cycle import load_config
+    from rsi.run import load_config
     from rsi.store import open_store
     from rsi.store.schema import DatasetRow, Generation, StageRun
 
@@ -384,8 +388,8 @@ def test_corrupted_training_data_is_not_promoted(prefect_api, tiny_base, rsi_hom
     assert load_config("tiny", **production).gate.margin == 0.04
     run_tiny(1, lineage="clean", **production)
     summaries, _ = run_tiny(1, lineage="corrupt", corrupt_training_data=True, **production)
-    assert summaries[0]["gate"] == "rejected"
-    assert any("may have regressed vs the parent" in r for r in summaries[0]["reasons"]), summaries[0]["reasons"]
+    assert summaries[0].gate == "rejected"
+    assert any("may have regressed vs the parent" in r for r in summaries[0].reasons), summaries[0].reasons
     store = open_store(get_settings().db_url)
     worst = {}
     with store.session() as db:
@@ -418,12 +422,12 @@ def test_one_generation_through_vllm(prefect_api, tiny_base, rsi_home) -> None:
         assert status["healthy"] and status["models"] == ["base"]
     finally:
         engine.stop(rsi_home)
-    assert summaries[0]["gate"] in ("promoted", "rejected") and summaries[0]["trajectories"] > 0
+    assert summaries[0].gate in ("promoted", "rejected") and summaries[0].trajectories > 0
     store = open_store(get_settings().db_url)
     with store.session() as db:
         stages = {r.stage for r in db.scalars(select(StageRun).where(StageRun.status == "done"))}
         assert {"audit", "evaluate", "register"} <= stages
-        assert len(db.scalars(select(VerdictRow.id)).all()) == summaries[0]["trajectories"]
+        assert len(db.scalars(select(VerdictRow.id)).all()) == summaries[0].trajectories
     store.dispose()
     assert not engine.status(rsi_home)["running"]
 

@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.parametrize("profile", ["demo", "tiny"])
 def test_flow_parameters_rebuild_exactly_the_config(profile) -> None:
     from flows.cycle import flow_parameters
-    from rsi.cycle import load_config, parse_sets
+    from rsi.run import load_config, parse_sets
 
     config = load_config(profile, lineage="x", seed=3, **parse_sets(["train.steps=7", "gate.alpha=0.1"]))
     params = json.loads(json.dumps(flow_parameters(config)))  # what a deployment stores and hands back
@@ -21,7 +21,7 @@ def test_flow_parameters_rebuild_exactly_the_config(profile) -> None:
 
 
 def test_set_overrides_merge_into_the_profile_key_by_key() -> None:
-    from rsi.cycle import load_config, parse_sets
+    from rsi.run import load_config, parse_sets
 
     tiny = load_config("tiny")
     config = load_config("tiny", **parse_sets(["train.steps=60", "curriculum.rule=accelerated", "eval_n=256"]))
@@ -37,7 +37,7 @@ def test_set_overrides_merge_into_the_profile_key_by_key() -> None:
     (["gate=1", "gate.alpha=0.1"], "gate"),
 ])
 def test_bad_overrides_name_the_field(sets, named) -> None:
-    from rsi.cycle import load_config, parse_sets
+    from rsi.run import load_config, parse_sets
     from rsi.errors import UserError
 
     with pytest.raises(UserError, match=named):
@@ -45,7 +45,8 @@ def test_bad_overrides_name_the_field(sets, named) -> None:
 
 
 def test_stage_results_are_validated_when_read_back() -> None:
-    from rsi.cycle import Registered, RuntimeFailure, Selected, read_result
+    from rsi.run import Registered, Selected, read_result
+    from rsi.errors import RuntimeFailure
 
     stored = Selected(digest="d" * 64, size=3, corrupted=False, frontier=2, replay=1).model_dump(mode="json")
     assert read_result("select", 4, stored) == Selected.model_validate(stored)
@@ -84,3 +85,27 @@ def test_a_supervised_child_that_ignores_sigterm_is_killed_after_the_grace_perio
         stat = f"/proc/{pid}/stat"
         state = open(stat).read().rsplit(")", 1)[1].split()[0] if os.path.exists(stat) else "gone"
         assert state in ("gone", "Z"), f"pid {pid} outlived the supervisor ({state})"
+
+
+def test_every_profile_is_a_valid_config() -> None:
+    """The shipped profiles (rsi/run/profiles.toml) each load into a CycleConfig; ``extends`` takes the other
+    profile's fields, its own tables replacing the other's."""
+    from rsi.run import PROFILES, load_config
+
+    assert {"demo", "tiny", "sorting", "smollm2", "mol-addition", "mol-sorting"} <= set(PROFILES)
+    configs = {name: load_config(name) for name in PROFILES}
+    assert configs["mol-addition"].harness_search == configs["demo"].harness_search
+    assert configs["mol-addition"].base_recipe["also"][0]["family"] == "sorting"
+    assert configs["mol-sorting"].family == "sorting" and configs["mol-sorting"].target_level == 8
+    assert configs["mol-addition"].base_recipe == configs["mol-sorting"].base_recipe  # one base for both
+
+
+def test_names_moved_out_of_rsi_cycle_still_import_from_it() -> None:
+    """Code written before the run package (rsi.run, rsi.store.ledger/leases) keeps importing from rsi.cycle."""
+    import rsi.cycle as old
+    import rsi.run as run
+    import rsi.store.leases as leases
+
+    assert old.load_config is run.load_config and old.Discovered is run.Discovered
+    assert old.CycleConfig is run.CycleConfig and old.read_result is run.read_result
+    assert old.acquire_lease is leases.acquire_lease and old.release_lease is leases.release_lease

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rsi.cycle import Discovered
+from rsi.run import Discovered
 from rsi.curriculum import LevelPlan
 from rsi.hcp import load_harness
 from rsi.proposers import propose
@@ -31,7 +31,7 @@ def found(plan: list[int], unposable: dict[int, int]) -> Discovered:
 def test_the_search_runs_when_the_harness_holds_progress_back_or_every_k(plan, unposable, stalled, every, number,
                                                                           wanted):
     from flows.cycle import wants_search
-    from rsi.cycle import HarnessSearchSpec
+    from rsi.run import HarnessSearchSpec
 
     spec = HarnessSearchSpec(every=every)
     assert wants_search(spec, found(plan, unposable), number, stalled) is wanted
@@ -74,13 +74,13 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]},
               "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
     summaries, _ = run_tiny(3, harness_search=search, **PROMOTING)
-    assert summaries[0]["gate"] == "promoted"
+    assert summaries[0].gate == "promoted"
     searched = summaries[1]
-    assert [c["harness"].split(".")[1].split("-")[0] for c in searched["harness_candidates"]] == ["chunks1", "pad11", "pad12"]
+    assert [c.harness.split(".")[1].split("-")[0] for c in searched.harness_candidates] == ["chunks1", "pad11", "pad12"]
     with open_store().session() as s:
         stored = set(s.scalars(select(HarnessRow.id)))
         pairs = {r.harness_id for r in s.scalars(select(PairRow))}
-    assert {c["harness"] for c in searched["harness_candidates"]} <= stored & pairs
+    assert {c.harness for c in searched.harness_candidates} <= stored & pairs
     spent = alpha_spent_per_parent()
     # generation 1 searches too (a plan paired with the untrained base) before its ordinary candidate, so the base
     # has 2 candidates, and a search of 3 follows: numbered apart (search 1, 2, 3 and ordinary 1), they would spend
@@ -90,9 +90,9 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     client = MlflowClient(get_settings().mlflow_uri)
     versions = [v for v in client.search_model_versions("name = 'rsi-addition'") if v.tags["generation"] == "2"]
     candidates = [v for v in versions if "harness_candidate" in v.tags]
-    tried = sorted(c["harness"] for c in searched["harness_candidates"])
+    tried = sorted(c.harness for c in searched.harness_candidates)
     assert sorted(v.tags["harness_id"] for v in candidates) == tried
-    champion = client.get_model_version("rsi-addition", summaries[0]["version"])
+    champion = client.get_model_version("rsi-addition", summaries[0].version)
     for v in candidates:
         assert v.tags["harness_hash"] != v.tags["parent_harness_hash"] and v.tags["gate_reasons"]
         run = client.get_run(v.run_id)

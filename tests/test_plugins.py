@@ -120,7 +120,7 @@ def test_the_task_generators_group_still_registers_families(install) -> None:
 
 def test_unknown_and_broken_plugins_are_user_errors_naming_the_fix(install) -> None:
     from rsi.backends import get_backend
-    from rsi.cycle import load_config
+    from rsi.run import load_config
     from rsi.tasks import get_family
 
     install({"rsi.families": {"broken": "tests.no_such_module:family", "notafamily": "tests.plugin_parity:make"}})

@@ -57,8 +57,8 @@ def test_ray_runner_gives_the_local_lineage(prefect_api, tiny_base, tmp_path, mo
         seed_home(home, tiny_base)
         monkeypatch.setenv("RSI_HOME", str(home))
         summaries, events = run_tiny(2, runner=runner, shards=3)
-        assert [s["generation"] for s in summaries] == [1, 2]
-        lineages[runner] = stored_lineage(home), [(s["gate"], s["p_value"], s["candidate"]) for s in summaries]
+        assert [s.generation for s in summaries] == [1, 2]
+        lineages[runner] = stored_lineage(home), [(s.gate, s.p_value, s.candidate) for s in summaries]
         if runner == "ray":
             assert any("started a Ray instance for this run" in e for e in events), events
     (local, local_gates), (sharded, ray_gates) = lineages["local"], lineages["ray"]
@@ -74,21 +74,21 @@ def test_ray_runner_needs_ray_installed_and_the_hf_backend(monkeypatch) -> None:
     import importlib.util
 
     from rsi.config import get_settings
-    from rsi.cycle import LineageRun, load_config
+    from rsi.run import Run, RunContext, load_config
     from rsi.errors import UserError
 
     find_spec = importlib.util.find_spec
     with monkeypatch.context() as m:
         m.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
         with pytest.raises(UserError, match=r"needs Ray, which is not installed: pip install 'rsi\[ray\]'"):
-            LineageRun(load_config("tiny", runner="ray"), get_settings())
+            Run(RunContext.of(load_config("tiny", runner="ray"), get_settings()))
     if find_spec("ray") is not None:
         with pytest.raises(UserError, match="use --runner local"):
-            LineageRun(load_config("tiny", runner="ray", backend="openai"), get_settings())
+            Run(RunContext.of(load_config("tiny", runner="ray", backend="openai"), get_settings()))
 
 
 def test_runner_is_not_part_of_the_results_key() -> None:
     """A lineage started with one runner continues under another: its stored stage results stay valid."""
-    from rsi.cycle import load_config
+    from rsi.run import load_config
 
     assert load_config("tiny", runner="ray", shards=4).digest == load_config("tiny").digest

@@ -93,7 +93,7 @@ def adapters(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 def promote(store, lineage: str, family: str, harness_ref: str, adapter: Path, base: Path, number: int = 1) -> None:
     """State DB rows of a lineage whose generation ``number`` is promoted with ``adapter`` on ``base``."""
     from rsi.basemodel import model_hash
-    from rsi.cycle import load_config
+    from rsi.run import load_config
     from rsi.hcp import load_harness
     from rsi.models import Pair
     from rsi.store.harnesses import lock_harness

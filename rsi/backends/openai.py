@@ -41,6 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,8 @@ class OpenAIBackend:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="rsi-openai")
         self._tokenizer = None
         self._tok_lock = threading.Lock()
-        self._adapter_lock = threading.RLock()
-        self._loaded: OrderedDict[str, str] = OrderedDict()  # adapter name -> path, least recently used first
-        self._in_use: Counter[str] = Counter()
-        self._hash_cache: dict[tuple, str] = {}
+        self._post = partial(_post_json, self._client, base_url, retries, backoff_s)
+        self._adapters = _Adapters(self._post, max_adapters)
         self._closed = False
 
     # ---- public API -------------------------------------------------------------------------------
@@ -113,7 +112,7 @@ class OpenAIBackend:
         prompts = list(prompts)
         if not prompts:
             return []
-        with self._serving(adapter) as name:
+        with self._adapters.serving(adapter, self.model) as name:
             return self._generate(prompts, params, name, adapter)
 
     def chat(
@@ -142,7 +141,7 @@ class OpenAIBackend:
             if params.stop:
                 body["stop"] = list(params.stop)
             bodies.append(body)
-        with self._serving(adapter) as name:
+        with self._adapters.serving(adapter, self.model) as name:
             futures = [self._pool.submit(self._chat_job, {**body, "model": name}, samples) for body in bodies]
             replies = [future.result() for future in futures]
         return [row * params.n if samples == 1 else row for row in replies]
@@ -159,58 +158,28 @@ class OpenAIBackend:
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else int(usage.get("prompt_tokens", 0))
         return [_chat_completion(c, prompt_tokens, usage if samples == 1 else {}, share, self._encode) for c in choices]
 
-    @contextmanager
-    def _serving(self, adapter: str | None) -> Iterator[str]:
-        """The model name requests use: the base's, or the adapter's, loaded and held for the block."""
-        if adapter is None:
-            yield self.model
-            return
-        name = self._acquire_adapter(adapter)
-        try:
-            yield name
-        finally:
-            with self._adapter_lock:
-                self._in_use[name] -= 1
-                self._evict()
-
     def adapter_name(self, adapter: str | Path) -> str:
         """The server-side name of an adapter directory: ``rsi-`` + 16 hex of its content hash."""
-        path = Path(adapter).expanduser().resolve()
-        if not (path / "adapter_config.json").is_file():
-            raise UserError(f"no LoRA adapter at {path} (adapter_config.json missing); pass a PEFT save_pretrained directory")
-        weights = path / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise UserError(f"LoRA adapter at {path} has no adapter_model.safetensors")
-        key = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (weights, path / "adapter_config.json"))
-        if key not in self._hash_cache:
-            from rsi.train import adapter_hash
-
-            self._hash_cache[key] = "rsi-" + adapter_hash(path)[:16]
-        return self._hash_cache[key]
+        return self._adapters.name(adapter)
 
     def loaded_adapters(self) -> dict[str, str]:
         """Adapters this backend has loaded into the server: name -> directory, least recently used first."""
-        with self._adapter_lock:
-            return dict(self._loaded)
+        with self._adapters.lock:
+            return dict(self._adapters.loaded)
 
     def unload_adapter(self, adapter: str | Path) -> None:
         """Unload an adapter this backend loaded (no-op if it is not loaded)."""
-        name = self.adapter_name(adapter)
-        with self._adapter_lock:
-            if name in self._loaded:
-                self._unload(name)
+        name = self._adapters.name(adapter)
+        with self._adapters.lock:
+            if name in self._adapters.loaded:
+                self._adapters.unload(name)
 
     def close(self) -> None:
         """Unload the adapters this backend loaded and release the connections."""
         if self._closed:
             return
         self._closed = True
-        with self._adapter_lock:
-            for name in list(self._loaded):
-                try:
-                    self._unload(name)
-                except Exception:  # the server may be gone already; nothing to unload then
-                    self._loaded.pop(name, None)
+        self._adapters.close()
         self._pool.shutdown(wait=True)
         self._client.close()
 
@@ -266,9 +235,9 @@ class OpenAIBackend:
             if adapter is None:
                 raise UserError(f"the server at {self.base_url} does not serve model {name!r}; "
                                 f"check the model name (`rsi engine status` lists them)") from None
-            with self._adapter_lock:  # restarted server or another client unloaded it: load again, once
-                self._loaded.pop(name, None)
-                self._load(name, str(Path(adapter).expanduser().resolve()))
+            with self._adapters.lock:  # restarted server or another client unloaded it: load again, once
+                self._adapters.loaded.pop(name, None)
+                self._adapters.load(name, str(Path(adapter).expanduser().resolve()))
             data = self._post("/completions", body)
         share = (time.perf_counter() - started) / max(1, len(prompts) * samples)
         choices = sorted(data.get("choices", []), key=lambda c: c["index"])
@@ -308,76 +277,123 @@ class OpenAIBackend:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
         return self._tokenizer(text, add_special_tokens=special)["input_ids"]
 
-    # ---- HTTP -------------------------------------------------------------------------------------
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST JSON with retries on transient errors; the decoded JSON answer (``{}`` for an empty body)."""
-        import httpx
+class _Adapters:
+    """The LoRA adapters one backend loaded into the server, by content name, least recently used first; those
+    not in use by a running call are unloaded beyond ``max_adapters``."""
 
-        url = self.base_url + path
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
-            try:
-                response = self._client.post(url, json=body)
-            except httpx.TransportError as exc:  # connection refused/reset, timeouts
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code in _RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {response.text[:500]}"
-                continue
-            if response.status_code == 404 and "model" in body and _mentions_missing_model(response):
-                raise _AdapterGone(body["model"])
-            if response.status_code >= 400:
-                raise UserError(f"{url} rejected the request (HTTP {response.status_code}): {_error_message(response)}")
-            try:
-                return response.json() if response.content else {}
-            except ValueError:
-                return {"text": response.text}
-        raise RuntimeFailure(
-            f"the OpenAI-compatible server at {self.base_url} did not answer after {self.retries + 1} tries "
-            f"({last}); is it running? (`rsi engine status`, `rsi engine start`)"
-        )
+    def __init__(self, post: Callable[[str, dict[str, Any]], dict[str, Any]], max_adapters: int):
+        self.post, self.max_adapters = post, max_adapters
+        self.lock = threading.RLock()
+        self.loaded: OrderedDict[str, str] = OrderedDict()  # adapter name -> path, least recently used first
+        self.in_use: Counter[str] = Counter()
+        self.hashes: dict[tuple, str] = {}
 
-    # ---- adapters ---------------------------------------------------------------------------------
+    @contextmanager
+    def serving(self, adapter: str | None, base: str) -> Iterator[str]:
+        """The model name requests use: the base's, or the adapter's, loaded and held for the block."""
+        if adapter is None:
+            yield base
+            return
+        name = self.acquire(adapter)
+        try:
+            yield name
+        finally:
+            with self.lock:
+                self.in_use[name] -= 1
+                self.evict()
 
-    def _acquire_adapter(self, adapter: str) -> str:
-        name = self.adapter_name(adapter)
+    def name(self, adapter: str | Path) -> str:
+        """The server-side name of an adapter directory: ``rsi-`` + 16 hex of its content hash."""
+        path = Path(adapter).expanduser().resolve()
+        if not (path / "adapter_config.json").is_file():
+            raise UserError(f"no LoRA adapter at {path} (adapter_config.json missing); pass a PEFT save_pretrained directory")
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise UserError(f"LoRA adapter at {path} has no adapter_model.safetensors")
+        key = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in (weights, path / "adapter_config.json"))
+        if key not in self.hashes:
+            from rsi.train import adapter_hash
+
+            self.hashes[key] = "rsi-" + adapter_hash(path)[:16]
+        return self.hashes[key]
+
+    def acquire(self, adapter: str) -> str:
+        name = self.name(adapter)
         path = str(Path(adapter).expanduser().resolve())
-        with self._adapter_lock:
-            if name in self._loaded:
-                self._loaded.move_to_end(name)
+        with self.lock:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
             else:
-                self._load(name, path)
-            self._in_use[name] += 1
-            self._evict()
+                self.load(name, path)
+            self.in_use[name] += 1
+            self.evict()
         return name
 
-    def _load(self, name: str, path: str) -> None:
+    def load(self, name: str, path: str) -> None:
         try:
-            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+            self.post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
         except UserError as exc:
             if "already" not in str(exc).lower():  # loaded by another client under the same content name
                 raise UserError(f"the server could not load adapter {path} as {name}: {exc}") from None
-        self._loaded[name] = path
-        self._loaded.move_to_end(name)
+        self.loaded[name] = path
+        self.loaded.move_to_end(name)
 
-    def _unload(self, name: str) -> None:
+    def unload(self, name: str) -> None:
         try:
-            self._post("/unload_lora_adapter", {"lora_name": name})
+            self.post("/unload_lora_adapter", {"lora_name": name})
         except (UserError, _AdapterGone):
             pass  # not loaded there (any more): nothing to do
-        self._loaded.pop(name, None)
+        self.loaded.pop(name, None)
 
-    def _evict(self) -> None:
+    def evict(self) -> None:
         """Unload least recently used adapters, not in use by a running call, down to ``max_adapters``."""
-        for name in list(self._loaded):
-            if len(self._loaded) <= self.max_adapters:
+        for name in list(self.loaded):
+            if len(self.loaded) <= self.max_adapters:
                 return
-            if self._in_use[name] <= 0:
-                self._in_use.pop(name, None)
-                self._unload(name)
+            if self.in_use[name] <= 0:
+                self.in_use.pop(name, None)
+                self.unload(name)
+
+    def close(self) -> None:
+        with self.lock:
+            for name in list(self.loaded):
+                try:
+                    self.unload(name)
+                except Exception:  # the server may be gone already; nothing to unload then
+                    self.loaded.pop(name, None)
+
+
+def _post_json(client: Any, base_url: str, retries: int, backoff_s: float, path: str,
+               body: dict[str, Any]) -> dict[str, Any]:
+    """POST JSON with retries on transient errors; the decoded JSON answer (``{}`` for an empty body)."""
+    import httpx
+
+    url = base_url + path
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
+        try:
+            response = client.post(url, json=body)
+        except httpx.TransportError as exc:  # connection refused/reset, timeouts
+            last = f"{type(exc).__name__}: {exc}"
+            continue
+        if response.status_code in _RETRY_STATUS:
+            last = f"HTTP {response.status_code}: {response.text[:500]}"
+            continue
+        if response.status_code == 404 and "model" in body and _mentions_missing_model(response):
+            raise _AdapterGone(body["model"])
+        if response.status_code >= 400:
+            raise UserError(f"{url} rejected the request (HTTP {response.status_code}): {_error_message(response)}")
+        try:
+            return response.json() if response.content else {}
+        except ValueError:
+            return {"text": response.text}
+    raise RuntimeFailure(
+        f"the OpenAI-compatible server at {base_url} did not answer after {retries + 1} tries "
+        f"({last}); is it running? (`rsi engine status`, `rsi engine start`)"
+    )
 
 
 def _wire_message(m: Message) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from rsi.models import Task, Trajectory, Verdict
-from rsi.store.schema import AttributionRow, Base, TaskRow, TrajectoryRow, VerdictRow
+from rsi.store.schema import (
+    AttributionRow, Base, DatasetItem, DatasetRow, EvaluationRow, Generation, TaskRow, TrajectoryRow, VerdictRow,
+)
 
 CHUNK = 500
 
@@ -110,3 +112,78 @@ def trajectory_from_row(row: TrajectoryRow) -> Trajectory:
                       finish_reason=row.finish_reason,
                       tokens={"prompt": row.prompt_tokens, "completion": row.completion_tokens},
                       timings=row.timings, tool_log=row.tool_log or (), created_at=row.created_at)
+
+
+def load_tasks(session: Session, ids: Sequence[str]) -> list[Task]:
+    """Stored tasks in the order of ``ids``."""
+    rows = {r.id: r for r in session.scalars(select(TaskRow).where(TaskRow.id.in_(ids)))}
+    return [task_from_row(rows[i]) for i in ids]
+
+
+def load_trajectories(session: Session, ids: Sequence[str]) -> tuple[list[Trajectory], dict[str, Task]]:
+    """Stored trajectories in the order of ``ids``, and their tasks by id."""
+    rows = list(session.scalars(select(TrajectoryRow).where(TrajectoryRow.id.in_(ids))))
+    task_ids = {r.task_id for r in rows}
+    tasks = {r.id: task_from_row(r) for r in session.scalars(select(TaskRow).where(TaskRow.id.in_(task_ids)))}
+    order = {tid: i for i, tid in enumerate(ids)}
+    return sorted((trajectory_from_row(r) for r in rows), key=lambda t: order[t.id]), tasks
+
+
+def passed_under(session: Session, trajectory_ids: Sequence[str], harness_hash: str) -> set[str]:
+    """The trajectories among ``trajectory_ids`` the auditor passed under the contract of ``harness_hash``."""
+    return set(session.scalars(select(VerdictRow.trajectory_id).where(
+        VerdictRow.trajectory_id.in_(trajectory_ids), VerdictRow.passed, VerdictRow.harness_hash == harness_hash)))
+
+
+def put_dataset(session: Session, key: str, lineage: str, generation_id: int, filters: dict[str, Any],
+                trajectory_ids: Sequence[str]) -> None:
+    """A selection (or migration set) by its digest, its items in order; kept as is when stored before."""
+    if session.get(DatasetRow, key) is None:
+        session.add(DatasetRow(digest=key, lineage=lineage, generation_id=generation_id, size=len(trajectory_ids),
+                               filters=filters))
+        session.flush()
+        session.add_all(DatasetItem(dataset_digest=key, position=i, trajectory_id=t)
+                        for i, t in enumerate(trajectory_ids))
+
+
+def load_dataset_rows(session: Session, key: str) -> tuple[dict[str, Any], list[str]]:
+    """A stored selection's filters and its trajectory ids in order."""
+    row = session.get(DatasetRow, key)
+    items = session.scalars(select(DatasetItem.trajectory_id).where(DatasetItem.dataset_digest == key)
+                            .order_by(DatasetItem.position))
+    return dict(row.filters), list(items)
+
+
+def verified_answers(session: Session, lineage: str) -> list[Any]:
+    """Every passed trajectory of the lineage as (id, task id, harness id, level, verdict's harness hash), by
+    level, task and id."""
+    gen_ids = list(session.scalars(select(Generation.id).where(Generation.lineage == lineage)))
+    return list(session.execute(
+        select(TrajectoryRow.id, TrajectoryRow.task_id, TrajectoryRow.harness_id, TaskRow.level, VerdictRow.harness_hash)
+        .join(VerdictRow, VerdictRow.trajectory_id == TrajectoryRow.id).join(TaskRow, TaskRow.id == TrajectoryRow.task_id)
+        .where(TrajectoryRow.generation_id.in_(gen_ids), VerdictRow.passed)
+        .order_by(TaskRow.level, TrajectoryRow.task_id, TrajectoryRow.id)).all())
+
+
+def longest_passed(session: Session, generation_id: int) -> Trajectory | None:
+    """The generation's passed trajectory with the most completion tokens (None when nothing passed)."""
+    row = session.scalars(select(TrajectoryRow).join(VerdictRow, VerdictRow.trajectory_id == TrajectoryRow.id)
+                          .where(TrajectoryRow.generation_id == generation_id, VerdictRow.passed)
+                          .order_by(TrajectoryRow.completion_tokens.desc(), TrajectoryRow.id).limit(1)).first()
+    return trajectory_from_row(row) if row is not None else None
+
+
+def put_scores(session: Session, pair_id: str, generation_id: int | None, split: str, seed: int, n: int,
+               decoding: str, scores: Iterable[Any]) -> None:
+    """Evaluations of a pair (``rsi.evaluate.LevelScore`` each) as requested: ``n`` tasks a level, ``seed``."""
+    for sc in scores:
+        session.add(EvaluationRow(pair_id=pair_id, generation_id=generation_id, level=sc.level, split=split, seed=seed,
+                                  n=n, correct=sc.correct, accuracy=sc.accuracy, ci_low=sc.ci_low,
+                                  ci_high=sc.ci_high, decoding=decoding, outcomes=list(sc.outcomes)))
+
+
+def stored_evaluations(session: Session, pair_ids: Sequence[str], levels: Sequence[int], split: str, seed: int,
+                       n: int, decoding: str) -> list[EvaluationRow]:
+    return list(session.scalars(select(EvaluationRow).where(
+        EvaluationRow.pair_id.in_(pair_ids), EvaluationRow.level.in_(levels), EvaluationRow.split == split,
+        EvaluationRow.seed == seed, EvaluationRow.n == n, EvaluationRow.decoding == decoding)))

@@ -1,0 +1,69 @@
+"""How rsi's flows run in Prefect: rsi's log lines (logger ``rsi``) in the runs' Logs tab, or handed to a
+callback (the CLI's live display, a test's list) instead of Prefect's console format; the retry policy of the
+stages that call servers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+from contextlib import contextmanager
+
+from prefect.logging.handlers import APILogHandler
+from prefect.tasks import exponential_backoff
+
+from rsi.errors import RsiError
+from rsi.run import CycleConfig
+
+Events = Callable[[str], None]
+_rsi_log = logging.getLogger("rsi")
+_rsi_log.setLevel(logging.INFO)
+if not any(isinstance(h, APILogHandler) for h in _rsi_log.handlers):
+    _rsi_log.addHandler(APILogHandler())  # rsi's lines show in the flow and task runs' Logs tab
+
+
+class _Events(logging.Handler):
+    """rsi's log lines, handed to a callback (the CLI's live display, a test's list)."""
+
+    def __init__(self, events: Events):
+        super().__init__(logging.INFO)
+        self.events = events
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events(record.getMessage())
+
+
+@contextmanager
+def forwarding(events: Events) -> Iterator[None]:
+    """rsi's log lines go to ``events`` (and to the Prefect run), not also to Prefect's console format."""
+    handler, propagate = _Events(events), _rsi_log.propagate
+    _rsi_log.addHandler(handler)
+    _rsi_log.propagate = False
+    try:
+        yield
+    finally:
+        _rsi_log.removeHandler(handler)
+        _rsi_log.propagate = propagate
+
+
+def _retry_unless_rsi_error(task, task_run, state) -> bool:
+    """Retry what may be transient (a server call that failed), never rsi's own verdicts (lease lost, bad input)."""
+    try:
+        state.result()
+    except RsiError:
+        return False
+    except Exception:  # noqa: BLE001 - anything else may pass on a second try
+        return True
+    return False
+
+
+SERVER_RETRIES = {"retries": 3, "retry_delay_seconds": exponential_backoff(backoff_factor=5),
+                  "retry_condition_fn": _retry_unless_rsi_error}
+
+
+def flow_parameters(config: CycleConfig) -> dict[str, Any]:
+    """``rsi-lineage``'s parameters for a config: the named fields, and the rest as overrides of no profile
+    (the whole config, so the flow rebuilds exactly this one)."""
+    rest = config.model_dump(mode="json", exclude={"family", "lineage", "harness"})
+    return {"family": config.family, "lineage": config.lineage, "harness": config.harness, "profile": None,
+            "overrides": rest}

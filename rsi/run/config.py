@@ -1,0 +1,157 @@
+"""A lineage run's config: every knob as data (``CycleConfig``), the shipped profiles (``profiles.toml``) and how
+the command line's overrides merge into them."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.resources import files
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator
+
+from rsi import plugins
+from rsi.curriculum import CurriculumSpec
+from rsi.errors import UserError
+from rsi.gate import GateSpec
+from rsi.hashing import digest
+from rsi.select import SelectionSpec
+from rsi.train import TrainSpec
+
+
+Labels = Literal["verified", "unverified", "truth", "majority"]
+
+
+class HarnessSearchSpec(BaseModel):
+    """The candidate-harness stage: when it runs, what it proposes, how a candidate's adapter migrates."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    every: int = Field(0, ge=0, description="also search every K generations (0: only when the champion's "
+                       "harness cannot pose the level the curriculum targets)")
+    proposers: tuple[str, ...] = Field(("addition",), description="registered harness proposers (rsi.proposers)")
+    space: dict[str, list[JsonValue]] = Field(default_factory=lambda: {"width": [16]},
+                                              description="knob -> values; each proposer reads its own knobs")
+    migration: TrainSpec = Field(TrainSpec(steps=300, frontier_fraction=1.0), description=(
+        "LoRA training from the champion's adapter on its own verified answers re-rendered under the candidate "
+        "(when the candidate's prompt or answer format differs)"))
+    examples_per_level: int = Field(512, ge=1, description="migration: verified answers per level")
+
+
+class CycleConfig(BaseModel):
+    """Every knob of a lineage run. Stored with the lineage; part of each stage's inputs hash."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lineage: str = Field("addition", pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+    family: str = "addition"
+    harness: str = "harness_versions/addition/v2"
+    seed: int = 0
+    backend: str = Field("hf", description="hf (in process) or openai (rsi's vLLM engine), or another package's "
+                         "(rsi.plugins kind 'backend')")
+    warm_start: Literal["parent", "base"] = "parent"
+    base_recipe: dict[str, Any] = Field(default_factory=dict, description="overrides of BaseRecipe's defaults")
+    replay_tasks_per_level: int = Field(64, ge=0, description="tasks per mastered level, verified, against forgetting")
+    eval_n: int = Field(256, ge=1, description="held-out tasks per level")
+    eval_headroom: int = Field(2, ge=1, description="levels evaluated beyond the highest one reached")
+    curriculum: CurriculumSpec = CurriculumSpec(rule="accelerated")
+    selection: SelectionSpec = SelectionSpec()
+    train: TrainSpec = TrainSpec()
+    gate: GateSpec = GateSpec()
+    harness_search: HarnessSearchSpec = HarnessSearchSpec()
+    generations: int = Field(12, ge=1)
+    target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
+    plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
+    corrupt_training_data: bool = Field(False, description="TEST SWITCH: train on shuffled answers")
+    labels: Labels = Field("verified", description=(
+        "where a training example's rightness comes from. verified: the auditor's verdict under the pair's "
+        "contract (the loop as designed). ABLATION SWITCHES (bench/ablation.py): unverified: every rollout "
+        "kept, verdict ignored (its control arm); truth: each rollout task's true answer in the harness's "
+        "format, or the family's expert episode (its upper bound); majority: no ground truth anywhere in the "
+        "loop: an answer is kept when more than half of its task's samples give it, and held-out scores (so "
+        "the curriculum and the gate) are the pair's self-agreement, not its accuracy (its label_free arm)"))
+    runner: str = Field("local", description="where execute, audit and evaluation run (rsi.runners): local, in "
+                        "this process; ray, in shards on a Ray cluster; or another package's (rsi.plugins kind "
+                        "'runner')")
+    shards: int = Field(0, ge=0, description="ray runner: shards per stage (0: one per CPU of the Ray cluster)")
+
+    @field_validator("backend", "runner")
+    @classmethod
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        return plugins.known(info.field_name, name)
+
+    @property
+    def digest(self) -> str:
+        """What the results depend on: every field except where they are computed (a runner gives the same
+        results as any other), so a lineage started with one runner continues under another."""
+        return digest(self.model_dump(mode="json", exclude={"runner", "shards"}))
+
+
+def _profiles() -> dict[str, dict[str, Any]]:
+    """The shipped profiles (``profiles.toml`` beside this module); a profile may ``extends`` another: its tables
+    replace the other's, key by key at the top level."""
+    raw = tomllib.loads(files("rsi.run").joinpath("profiles.toml").read_text())
+    return {name: {**raw[spec["extends"]], **{k: v for k, v in spec.items() if k != "extends"}}
+            if "extends" in spec else spec for name, spec in raw.items()}
+
+
+PROFILES: dict[str, dict[str, Any]] = _profiles()
+
+
+def profile_for(profile: str | None, family: str | None = None) -> str:
+    """The profile a command runs under: the one named, else the family's own (a profile named after it), else
+    ``demo``."""
+    return profile or (family if family in PROFILES else "demo")
+
+
+def latest_harness(family: str) -> str:
+    """The newest shipped harness version of ``family``: ``harness_versions/<family>/v<N>``, highest N."""
+    from rsi.hcp import resolve_harness, shipped_harnesses
+
+    return str(resolve_harness(family).relative_to(shipped_harnesses().parent))
+
+
+def load_config(profile: str | None = "demo", **overrides: Any) -> CycleConfig:
+    """The profile's config with ``overrides`` merged in (nested dicts key by key); None values are ignored.
+    Profile None: the overrides over CycleConfig's defaults (a whole config, as ``flow_parameters`` passes it)."""
+    from pydantic import ValidationError
+
+    if profile is not None and profile not in PROFILES:
+        raise UserError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
+    merged = deep_merge(PROFILES[profile] if profile else {}, {k: v for k, v in overrides.items() if v is not None})
+    try:
+        return CycleConfig.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserError(f"config field {where!r}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set train.steps=60 --set gate.alpha=0.1`` as nested overrides; values are JSON, else strings."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE with a dotted config key, e.g. --set train.steps=60")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {item!r}: {part!r} is set to a value and used as a section")
+        node[leaf] = value
+    return out
