@@ -506,10 +506,12 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi.run import PROFILES, latest_harness, load_config, parse_sets, profile_for
+    from rsi import plugins
+    from rsi.run import latest_harness, load_config, parse_sets, profile_for
 
     # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
-    harness = harness or (None if "harness" in PROFILES.get(profile or "", {}) else latest_harness(family))
+    named = plugins.get("profile", profile) if profile else {}
+    harness = harness or (None if "harness" in named else latest_harness(family))
     config = load_config(profile_for(profile, family), **{**with_base_seed(parse_sets(sets), base_seed),
                                      "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness, "backend": backend,

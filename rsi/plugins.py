@@ -41,15 +41,19 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "trainer": ("rsi.trainers",),
     "router": ("rsi.routers",),
     "curriculum": ("rsi.curricula",),
+    "selection": ("rsi.selections",),
+    "profile": ("rsi.profiles",),
 }
 # The module of rsi that registers a kind's own plugins, imported before the kind is read.
 OWN: dict[str, str] = {"proposer": "rsi.proposers", "parser": "rsi.parsers", "backend": "rsi.backends",
                        "runner": "rsi.runners", "trainer": "rsi.train", "router": "rsi.mol.routers",
-                       "curriculum": "rsi.curriculum"}
+                       "curriculum": "rsi.curriculum", "selection": "rsi.select",
+       "profile": "rsi.run.config"}
 NOUNS = {"family": ("task family", "families"), "proposer": ("harness proposer", "proposers"),
          "parser": ("answer parser", "parsers"), "backend": ("generation backend", "backends"),
          "runner": ("runner", "runners"), "trainer": ("trainer", "trainers"), "router": ("router", "routers"),
-         "curriculum": ("curriculum rule", "rules")}
+         "curriculum": ("curriculum rule", "rules"), "selection": ("selection policy", "policies"),
+         "profile": ("profile", "profiles")}
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in GROUPS}
 _from_entry_points: dict[str, dict[str, Any]] = {}  # kind -> name -> EntryPoint, read once per kind

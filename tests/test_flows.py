@@ -109,3 +109,22 @@ def test_names_moved_out_of_rsi_cycle_still_import_from_it() -> None:
     assert old.load_config is run.load_config and old.Discovered is run.Discovered
     assert old.CycleConfig is run.CycleConfig and old.read_result is run.read_result
     assert old.acquire_lease is leases.acquire_lease and old.release_lease is leases.release_lease
+
+
+def test_a_run_context_carries_no_secret(monkeypatch) -> None:
+    """A flow's parameters are stored and shown by Prefect: the context leaves out the engine's API key and any
+    URL with a password, and the process that runs a stage reads them from its own environment."""
+    import json
+
+    from rsi.config import Settings
+    from rsi.run import RunContext, load_config
+
+    url = "postgresql://rsi:s3cret@db.example:5432/rsi"
+    context = RunContext.of(load_config("tiny"), Settings(database_url=url, engine_api_key="k3y",
+                                                          mlflow_tracking_uri="http://mlflow:5000"))
+    text = json.dumps(context.model_dump(mode="json"))
+    assert "s3cret" not in text and "k3y" not in text and "http://mlflow:5000" in text
+    monkeypatch.setenv("RSI_DATABASE_URL", url)
+    monkeypatch.setenv("RSI_ENGINE_API_KEY", "k3y")
+    settings = Settings(**RunContext.model_validate_json(text).settings)
+    assert "s3cret" in settings.db_url and settings.engine_api_key == "k3y"

@@ -143,3 +143,47 @@ def test_listing_plugins_imports_no_model_code() -> None:
             "print(plugins.names('backend'), plugins.names('runner'), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.split() == ["['hf',", "'openai']", "['local',", "'ray']", "False"]
+
+
+def test_a_selection_policy_from_another_package_chooses_the_examples(install) -> None:
+    from rsi.run import load_config
+    from rsi.select import Candidate, SelectionSpec, select
+
+    attempts = [Candidate(trajectory_id=f"t{i}", task_id="a", level=1, prompt="p", completion=text, passed=ok)
+                for i, (text, ok) in enumerate([("1", True), ("12345", False), ("123", True), ("12", True)])]
+
+    def kept(spec: SelectionSpec) -> list[str]:
+        return [e.trajectory_id for e in select(attempts, [], spec, frontier_levels={1}, seed=0).examples]
+
+    assert kept(SelectionSpec()) == ["t0"]  # rsi's own: the first distinct passed completion (cap 1)
+    assert kept(SelectionSpec(cap_per_task=3)) == ["t0", "t2", "t3"]
+    with pytest.raises(UserError, match=r"field 'selection.policy'.*unknown selection policy 'longest'"):
+        load_config("tiny", selection={"policy": "longest"})
+    install({"rsi.selections": {"longest": "tests.plugin_parity:longest"}})
+    assert load_config("tiny", selection={"policy": "longest"}).selection.policy == "longest"
+    assert kept(SelectionSpec(policy="longest")) == ["t2"]  # the longest passed one; t1 is longer but failed
+
+
+def test_a_field_added_at_its_default_keeps_the_stored_lineages_keys() -> None:
+    """Every stage result is stored under a key that includes the config's digest: a config field added later
+    (``selection.policy``) leaves the digest of a config at its default as it was, so an existing RSI_HOME
+    continues its lineage instead of redoing its stages. The digest below is the tiny profile's before the field."""
+    from rsi.run import load_config
+
+    tiny = "650afb8a5ade21d32632a67e6cd84f80c79b7ac5189360521b5826f6844ae559"
+    assert load_config("tiny").digest == tiny
+    assert load_config("tiny", selection={"policy": "distinct_passed"}).digest == tiny
+
+
+def test_a_family_package_ships_its_profile(install, tmp_path: Path) -> None:
+    from rsi.run import load_config, profile_for
+
+    install({**PARITY, "rsi.profiles": {"parity": "tests.plugin_parity:profile", "bad": "tests.plugin_parity:make"}})
+    assert profile_for(None, "parity") == "parity" and profile_for(None, "nothing") == "demo"
+    harness = parity_harness(tmp_path / "parity" / "v1")
+    config = load_config(profile_for(None, "parity"), harness=str(harness.folder))
+    assert (config.family, config.target_level, config.harness_search.proposers) == ("parity", 8, ("parity",))
+    with pytest.raises(UserError, match="profile 'bad' is a function, not a mapping of config fields"):
+        load_config("bad")
+    with pytest.raises(UserError, match=r"unknown profile 'parityy'; did you mean 'parity'\?"):
+        load_config("parityy")

@@ -152,7 +152,7 @@ def test_scheduled_run_is_named_by_generation_with_logs_and_artifacts(served: Se
     assert parent["state_type"] == "COMPLETED" and parent["name"] == "climb-lineage", parent
     runs = served.post("/flow_runs/filter", {"flow_runs": {"name": {"any_": ["climb-gen-001"]}}})
     assert len(runs) == 1 and runs[0]["state_type"] == "COMPLETED"
-    assert runs[0]["parameters"]["number"] == 1 and runs[0]["parameters"]["config"]["lineage"] == "climb"
+    assert runs[0]["parameters"]["number"] == 1 and runs[0]["parameters"]["context"]["config"]["lineage"] == "climb"
     gen_run = runs[0]["id"]
     messages = [e["message"] for e in served.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [gen_run]}}})]
     assert any(m.startswith("generation 1: champion base") for m in messages), messages

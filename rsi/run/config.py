@@ -18,6 +18,9 @@ from rsi.select import SelectionSpec
 from rsi.train import TrainSpec
 
 
+# Fields added to a config section after lineages were stored under it, with the default that does what the
+# code did before them: left out of the digest at that default, so those lineages' stage keys stay valid.
+ADDED_AT_DEFAULT = (("selection", "policy", "distinct_passed"),)
 Labels = Literal["verified", "unverified", "truth", "majority"]
 
 
@@ -84,7 +87,11 @@ class CycleConfig(BaseModel):
     def digest(self) -> str:
         """What the results depend on: every field except where they are computed (a runner gives the same
         results as any other), so a lineage started with one runner continues under another."""
-        return digest(self.model_dump(mode="json", exclude={"runner", "shards"}))
+        data = self.model_dump(mode="json", exclude={"runner", "shards"})
+        for section, field, default in ADDED_AT_DEFAULT:  # so a lineage begun before such a field keeps its keys
+            if data[section][field] == default:
+                del data[section][field]
+        return digest(data)
 
 
 def _profiles() -> dict[str, dict[str, Any]]:
@@ -95,13 +102,15 @@ def _profiles() -> dict[str, dict[str, Any]]:
             if "extends" in spec else spec for name, spec in raw.items()}
 
 
-PROFILES: dict[str, dict[str, Any]] = _profiles()
+PROFILES: dict[str, dict[str, Any]] = _profiles()  # rsi's own; another package's by entry point (rsi.profiles)
+for _name, _spec in PROFILES.items():
+    plugins.add("profile", _name, _spec)
 
 
 def profile_for(profile: str | None, family: str | None = None) -> str:
-    """The profile a command runs under: the one named, else the family's own (a profile named after it), else
-    ``demo``."""
-    return profile or (family if family in PROFILES else "demo")
+    """The profile a command runs under: the one named, else the family's own (a profile named after it, rsi's or
+    one its package declares in ``rsi.profiles``), else ``demo``."""
+    return profile or (family if family in plugins.names("profile") else "demo")
 
 
 def latest_harness(family: str) -> str:
@@ -116,9 +125,10 @@ def load_config(profile: str | None = "demo", **overrides: Any) -> CycleConfig:
     Profile None: the overrides over CycleConfig's defaults (a whole config, as ``flow_parameters`` passes it)."""
     from pydantic import ValidationError
 
-    if profile is not None and profile not in PROFILES:
-        raise UserError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
-    merged = deep_merge(PROFILES[profile] if profile else {}, {k: v for k, v in overrides.items() if v is not None})
+    spec = plugins.get("profile", profile) if profile is not None else {}
+    if not isinstance(spec, dict):
+        raise UserError(f"profile {profile!r} is a {type(spec).__name__}, not a mapping of config fields")
+    merged = deep_merge(spec, {k: v for k, v in overrides.items() if v is not None})
     try:
         return CycleConfig.model_validate(merged)
     except ValidationError as exc:

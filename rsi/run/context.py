@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -31,6 +32,7 @@ from rsi.store.ledger import Ledger
 from rsi.tasks import get_family
 
 SECRETS = {"engine_api_key"}  # read from the environment of each process, never written into a context
+URLS = ("database_url", "mlflow_tracking_uri", "prefect_api_url")  # left out too where they carry a password
 
 
 class RunContext(BaseModel):
@@ -46,7 +48,12 @@ class RunContext(BaseModel):
 
     @classmethod
     def of(cls, config: CycleConfig, settings: Settings) -> RunContext:
-        return cls(config=config, settings=settings.model_dump(mode="json", exclude=SECRETS))
+        """The context of ``config`` under ``settings``, without secrets: an API key, or a URL with a password,
+        is read from the environment of the process that runs the stage (a flow's parameters are stored and
+        shown by Prefect)."""
+        values = settings.model_dump(mode="json", exclude=SECRETS)
+        return cls(config=config, settings={k: v for k, v in values.items()
+                                            if not (k in URLS and v and urlsplit(v).password)})
 
     def leased(self, fence: Fence) -> RunContext:
         """This context writing under ``fence``'s holder and token."""

@@ -45,3 +45,14 @@ def propose(harness, space: dict[str, list]) -> list[Proposal]:
     """The harness with each question of the space as its prompt's wording."""
     return [variant(harness, f"q{i}", f"asks {question!r}", {"prompt.vars": {"question": question}})
             for i, question in enumerate(space.get("question", []))]
+
+
+def longest(attempts: list, spec: Any) -> list:
+    """A selection policy: the passed attempt with the longest completion, one per task."""
+    passed = [c for c in attempts if c.passed]
+    return [max(passed, key=lambda c: len(c.completion))] if passed else []
+
+
+# The family's profile: what `rsi run parity` runs under (a harness of its own is given on the command line).
+profile = {"family": "parity", "target_level": 8, "curriculum": {"rule": "plus_one", "max_level": 8},
+           "harness_search": {"proposers": ["parity"], "space": {"question": ["odd?"]}}}
