@@ -2,8 +2,9 @@
 what it printed, as a result file.
 
 Writes ``bench/results/demo-addition.log`` (progress bars removed) and ``bench/results/demo-addition.json``: wall
-time, exit status, each generation's outcome line, and the last table's mean accuracy over its levels per pair
-(the champion beside the untrained base under the starting and the champion's harness, and the champion's
+time, exit status, each generation's outcome line, the model versions it registered (generation, gate, adapter
+hash, harness: what a refactor that changes no result registers again), and the last table's mean accuracy over
+its levels per pair (the champion beside the untrained base under the starting and the champion's harness, and the champion's
 adapter under the starting harness). ``bench/readme.py`` writes the README's demo paragraph from the JSON.
 
     .venv/bin/python bench/demo.py [--generations 4]
@@ -12,6 +13,7 @@ adapter under the starting harness). ``bench/readme.py`` writes the README's dem
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -44,6 +46,19 @@ def summarize(log: str) -> dict:
             "final": {name.strip(): float(acc) for name, acc in pairs}, "gains": gains}
 
 
+def registered(clone: Path) -> list[dict[str, str]]:
+    """The model versions the demo registered, in order: generation, gate, adapter and harness (what a refactor
+    that changes no result registers again, byte for byte: ``bench/results`` keeps them to compare)."""
+    code = ("import json, sys; from mlflow import MlflowClient; uri = sys.argv[1]; "
+            "c = MlflowClient(tracking_uri=uri, registry_uri=uri); "
+            "vs = sorted(c.search_model_versions(\"name = 'rsi-addition'\"), key=lambda v: int(v.version)); "
+            "print(json.dumps([{k: v.tags.get(k) for k in ('generation', 'gate', 'adapter_hash', 'harness_id', "
+            "'pair_id')} | {'version': v.version} for v in vs]))")
+    out = subprocess.run([str(clone / ".venv/bin/python"), "-c", code, f"sqlite:///{clone / '.rsi/mlflow.db'}"],
+                         capture_output=True, text=True, check=True, cwd=clone)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=4)
@@ -56,6 +71,7 @@ def main() -> None:
                               env={k: v for k, v in os.environ.items() if not k.startswith(("RSI_", "PREFECT_"))},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wall = time.perf_counter() - started
+        versions = registered(root / "rsi") if done.returncode == 0 else []
     finally:
         shutil.rmtree(root, ignore_errors=True)
     log = "\n".join(line.rsplit("\r", 1)[-1] for line in done.stdout.splitlines() if "it/s]" not in line)
@@ -66,7 +82,7 @@ def main() -> None:
     minutes, seconds = divmod(round(wall), 60)
     result = {"command": "make demo" + (f" GENERATIONS={args.generations}" if args.generations != 4 else ""),
               "machine": machine, "wall": f"{minutes} min {seconds} s", "wall_s": round(wall, 1),
-              "rc": done.returncode, **summarize(log)}
+              "rc": done.returncode, **summarize(log), "versions": versions}
     write_result(REPO / "bench/results/demo-addition.json", result, run_config(args))
     print(f"make demo: {result['wall']}, rc {done.returncode}; final {result['final']}")
     if done.returncode:
