@@ -112,7 +112,7 @@ def cpu_seconds() -> float:
 
 def run_arm(arm: str, config) -> tuple[dict[str, Any], Any]:
     """Run one arm's loop (or pick); returns its record and the open run holding its final pair."""
-    from flows.cycle import run_lineage
+    from rsi.flows.cycle import run_lineage
     from rsi.config import get_settings
     from rsi.run import Run, RunContext
     from rsi.store.leases import acquire_lease

@@ -30,7 +30,7 @@ def arm(name: str, profile: str, base: Path, root: Path) -> dict:
     (home / "models").mkdir(parents=True)
     shutil.copytree(base, home / "models" / base.name)
     os.environ["RSI_HOME"] = str(home)
-    from flows.cycle import generation, rsi_cycle
+    from rsi.flows.cycle import generation, rsi_cycle
     from rsi.config import get_settings
     from rsi.run import Run, RunContext, load_config
     from rsi.store.leases import acquire_lease

@@ -1,11 +1,17 @@
 """Does a change of code change results? The same lineages run on two versions of rsi, compared row by row.
 
 A refactor must change no result: each side runs the same lineages from an empty ``RSI_HOME`` (torch threads
-pinned), then the state DB's generations (status, adapter hash, harness) and every stored evaluation (pair,
-split, level, correct of n, decoding) are compared. Equal rows mean the same adapters were trained on the same
-selected data and scored the same. A side is a git ref (exported with ``git archive``) or the working tree, run
-by this venv's Python with that side first on ``sys.path`` (its ``rsi``, ``flows``, ``task_generators`` and
-``harness_versions``), so both sides share installed packages and differ only in the repository's code.
+pinned): addition on the tiny profile, addition searching plan harnesses, and ``rsi run sorting`` (its own
+profile). Then it dumps the state DB's generations (status, adapter hash, harness) and every stored evaluation
+(pair, split, level, correct of n, decoding); every registered model version's pyfunc predictions
+(``mlflow.pyfunc.load_model``) on held-out tasks of its family; and a serve session: the addition and sorting
+lineages admitted as specialists, the ngram router trained, and ``rsi serve``'s app (in process, over HTTP)
+asked each specialist's held-out questions as a person asks them (model ``rsi/auto``), the replies and who gave
+them recorded. The rows of both sides are compared. Equal rows mean the same adapters were trained on the same
+selected data, scored the same, and answer the same through the pyfunc model and the proxy. A side is a git ref
+(exported with ``git archive``) or the working tree, run by this venv's Python with that side first on
+``sys.path`` (its ``rsi`` and the folders it maps), so both sides share installed packages and differ only in
+the repository's code.
 
     .venv/bin/python bench/same_results.py --before d4b1df8~1 [--after HEAD] [--generations 2]
 
@@ -31,10 +37,15 @@ from bench.provenance import REPO, run_config, write_result  # noqa: E402 (after
 
 # (lineage, family, generations: None for --generations, more arguments of `rsi run`). The searching lineage's
 # one generation proposes plan harnesses, so plans run through the responder too.
-LINEAGES = (("addition", "addition", None, ["--profile", "tiny"]),
+# the tiny profile with the training and held-out tasks that promote generation 1 on seed 0 (tests/test_stack.py),
+# so the pyfunc model and the proxy have a champion to answer with
+PROMOTING = ["train.steps=120", "train.batch_size=32", "train.warmup=4", "eval_n=256", "gate.margin=0.1",
+             "curriculum.rule=accelerated", "curriculum.tasks_per_level=128", "curriculum.lookahead_tasks=32"]
+LINEAGES = (("addition", "addition", None, ["--profile", "tiny", *[a for s in PROMOTING for a in ("--set", s)]]),
             ("addition-searching", "addition", 1, ["--profile", "tiny", "--set", "harness_search.enabled=true",
                                                    "--set", "harness_search.every=1", "--set",
-                                                   'harness_search.space={"chunk": [1, 2]}', "--set", "train.steps=0"]))
+                                                   'harness_search.space={"chunk": [1, 2]}', "--set", "train.steps=0"]),
+            ("sorting", "sorting", None, []))
 DUMP = """
 import json
 from sqlalchemy import select
@@ -48,6 +59,50 @@ with open_store().session() as s:
     for e in s.scalars(select(EvaluationRow).order_by(EvaluationRow.pair_id, EvaluationRow.split, EvaluationRow.level,
                                                       EvaluationRow.decoding)):
         rows.append(["evaluation", e.pair_id, e.split, e.level, e.correct, e.n, e.decoding])
+
+# every registered version's pyfunc predictions on held-out tasks of its family (levels 1-3, 3 tasks each)
+import mlflow
+from mlflow import MlflowClient
+from rsi.config import get_settings
+from rsi.tasks import get_family
+uri = get_settings().mlflow_uri
+mlflow.set_tracking_uri(uri)
+client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+for model in sorted(client.search_registered_models(), key=lambda m: m.name):
+    family = get_family(model.name.removeprefix("rsi-").split("-")[0])
+    payloads = [t.payload for level in (1, 2, 3) for t in family.tasks("heldout", 11, level, 3)]
+    for v in sorted(client.search_model_versions(f"name='{model.name}'"), key=lambda v: int(v.version)):
+        predicted = mlflow.pyfunc.load_model(f"models:/{model.name}/{v.version}").predict(payloads)
+        rows.append(["pyfunc", model.name, int(v.version), json.dumps(predicted, sort_keys=True, default=str)])
+print(json.dumps(rows))
+"""
+SERVE = ["specialists add addition", "specialists add sorting", "router train"]
+# a serve session: each specialist's held-out questions (levels 1-3) as a person asks them, model rsi/auto
+SESSION = """
+import json
+from starlette.testclient import TestClient
+from rsi.config import get_settings
+from rsi.mol.proxy import ServeConfig, create_app
+from rsi.mol.registry import Registry
+from rsi.mol.state import create_key
+from rsi.store import open_store
+from rsi.tasks import get_family
+store = open_store()
+champions = Registry(store, get_settings().home).champions()
+key = create_key(store, "same-results")
+rows = []
+with TestClient(create_app(ServeConfig(rate=1000, burst=1000))) as client:
+    for name, champion in sorted(champions.items()):
+        family = get_family(name)
+        for level in (1, 2, 3):
+            for task in family.tasks("heldout", 13, level, 3):
+                [(role, question)] = [m for m in champion.harness.prompt_messages(task.payload) if m[0] == "user"]
+                reply = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                    json={"model": "rsi/auto", "messages": [{"role": "user", "content": question}]})
+                body = reply.json()
+                rows.append(["serve", name, level, question, reply.status_code, body.get("model"),
+                             json.dumps(body["choices"][0]["message"] if reply.status_code == 200 else body,
+                                        sort_keys=True)])
 print(json.dumps(rows))
 """
 
@@ -71,9 +126,11 @@ def entry_points_of(code: Path, into: Path) -> Path:
     import tomllib
 
     declared = tomllib.loads((code / "pyproject.toml").read_text())["project"].get("entry-points", {})
-    dist = into / "rsi_same_results_side-0.dist-info"
+    # named rsi: importlib.metadata takes the first distribution of a name on sys.path, so the installed rsi's
+    # entry points (which may name modules this side has elsewhere) are not read
+    dist = into / "rsi-0.1.0.dist-info"
     dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rsi-same-results-side\nVersion: 0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rsi\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text("".join(
         f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in found.items()) + "\n"
         for group, found in declared.items()))
@@ -88,14 +145,20 @@ def run_side(code: Path, home: Path, generations: int, threads: int) -> tuple[li
                         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     for args in (["db", "upgrade"], *[["run", family, "--lineage", lineage, "--generations", str(n or generations),
-                                       *more] for lineage, family, n, more in LINEAGES]):
+                                       *more] for lineage, family, n, more in LINEAGES], *map(str.split, SERVE)):
         done = subprocess.run([sys.executable, "-m", "rsi", *args], cwd=code, env=env, capture_output=True, text=True,
                               check=False)
         if done.returncode:
             raise SystemExit(f"{(done.stdout + done.stderr)[-3000:]}\nsame_results: `rsi {' '.join(args)}` on {code} "
                              f"exited {done.returncode} (its output's end above)")
-    dumped = subprocess.run([sys.executable, "-c", DUMP], cwd=code, env=env, capture_output=True, text=True, check=True)
-    return json.loads(dumped.stdout), time.perf_counter() - started
+    rows = []
+    for script in (DUMP, SESSION):
+        dumped = subprocess.run([sys.executable, "-c", script], cwd=code, env=env, capture_output=True, text=True,
+                                check=False)
+        if dumped.returncode:
+            raise SystemExit(f"{dumped.stderr[-3000:]}\nsame_results: dumping the results on {code} failed")
+        rows += json.loads(dumped.stdout.strip().splitlines()[-1])
+    return rows, time.perf_counter() - started
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ STAGES = ("execute", "audit", "evaluate")
 
 def workload(run):
     """Generation 1's tasks (discovered as the cycle does), rollout params, and the gate's levels."""
-    from flows.cycle import discover
+    from rsi.flows.cycle import discover
     from rsi.pair import sampling_params
     from rsi.splits import stream_seed
     from rsi.store.records import load_tasks

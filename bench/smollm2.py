@@ -49,7 +49,7 @@ def main() -> None:
 
 
 def measure(levels: list[int], n: int) -> dict[str, Any]:
-    from flows.cycle import run_lineage
+    from rsi.flows.cycle import run_lineage
     from rsi.backends.hf import HFBackend
     from rsi.config import get_settings
     from rsi.run import RunContext, load_config, open_run

@@ -24,8 +24,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run as current_flow_run
 
-from flows.artifacts import progress, publish
-from flows.runtime import SERVER_RETRIES, Events, flow_parameters, forwarding
+from rsi.flows.artifacts import progress, publish
+from rsi.flows.runtime import SERVER_RETRIES, Events, flow_parameters, forwarding
 from rsi.attribution import attribute, summary as attribution_summary
 from rsi.config import get_settings
 from rsi.curriculum import frontier, plan_levels

@@ -5,7 +5,7 @@ A deployment is one lineage: its name is the lineage's, its parameters are the f
 its concurrency limit is 1 (a scheduled run that comes while the last one still runs is cancelled, so runs
 never pile up behind a slow generation), and its
 runs get the deploying shell's rsi settings (RSI_HOME, the state DB, MLflow) as environment, so the worker
-climbs the same lineage ``rsi run`` would. The flow is found by module path (``flows.cycle:rsi_lineage``),
+climbs the same lineage ``rsi run`` would. The flow is found by module path (``rsi.flows.cycle:rsi_lineage``),
 so any machine with rsi installed can run it.
 """
 
@@ -18,12 +18,14 @@ import subprocess
 import sys
 from typing import Any
 
-from flows.cycle import rsi_lineage
+from rsi.flows.cycle import rsi_lineage
 from rsi.config import Settings
 from rsi.run import latest_harness, load_config
 from rsi.errors import UserError
 
 POOL = "rsi"
+# What deployments made before flows/ installed as rsi.flows name as their entrypoint (`rsi worker` moves them on)
+OLD_ENTRYPOINTS = ("flows.cycle.rsi_lineage", "flows.cycle:rsi_lineage")
 STOP_GRACE_S = 60  # how long `rsi worker` waits for the Prefect worker to stop before it kills it
 
 
@@ -107,11 +109,35 @@ def worker(settings: Settings, *, run_once: bool = False, limit: int | None = No
     """Run a Prefect process worker on the pool ``rsi`` until stopped; returns its exit status."""
     api = require_server(settings, "worker")
     ensure_pool()
+    for name in upgrade_deployments():
+        print(f"deployment rsi-lineage/{name}: entrypoint moved to {entrypoint()} (flows/ installs as rsi.flows)",
+              file=sys.stderr)
     command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"]
     command += ["--run-once"] if run_once else []
     command += ["--limit", str(limit)] if limit else []
     env = os.environ | {"PREFECT_API_URL": api, "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
     return supervise(command, env, "the Prefect worker")
+
+
+def entrypoint() -> str:
+    """The lineage flow's module path, as ``rsi deploy`` stores it."""
+    return f"{rsi_lineage.fn.__module__}.{rsi_lineage.fn.__name__}"
+
+
+def upgrade_deployments() -> list[str]:
+    """Point the ``rsi-lineage`` deployments made before flows/ moved under the rsi namespace (entrypoint
+    ``flows.cycle.rsi_lineage``, a module an installed rsi no longer has) at the flow's module path now, so their
+    scheduled runs go on; returns their names."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[rsi_lineage.name])))
+        old = [d for d in found if d.entrypoint in OLD_ENTRYPOINTS]
+        for d in old:
+            client.update_deployment(d.id, DeploymentUpdate(entrypoint=entrypoint()))
+    return [d.name for d in old]
 
 
 def supervise(command: list[str], env: dict[str, str], what: str, grace_s: float = STOP_GRACE_S) -> int:

@@ -2,7 +2,7 @@
 what a deployment or a remote worker does with a stage, and how ``tests/test_stage_process.py`` shows that no
 stage reaches state through a module global.
 
-    python -m flows.stage REQUEST.json    # prints the stage's result as JSON
+    python -m rsi.flows.stage REQUEST.json    # prints the stage's result as JSON
 
 A request is ``{"context": RunContext, "stage": "train", "number": 1, "inputs": {"champ": ..., "selected": ...}}``:
 the inputs are the stage's parameters after ``run`` and ``number`` (``flows/cycle.py``), as the JSON of their
@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel
 
-from flows import cycle
+from rsi.flows import cycle
 from rsi.errors import UserError
 from rsi.run import RunContext, open_run
 
@@ -47,7 +47,24 @@ def adapt(kind: Any, value: Any) -> Any:
     return model.model_validate(value)
 
 
-if __name__ == "__main__":
-    with open(sys.argv[1], encoding="utf-8") as f:
-        result = run_stage(json.load(f))
+def main(argv: list[str]) -> int:
+    """Run the stage REQUEST.json names and print its result; a request that cannot be read is an error naming
+    the file and what it must hold, not a traceback."""
+    if len(argv) != 1:
+        print("usage: python -m rsi.flows.stage REQUEST.json", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0], encoding="utf-8") as f:
+            request = json.load(f)
+        if not isinstance(request, dict) or not {"stage", "context", "number"} <= set(request):
+            raise ValueError("it must be a JSON object with stage, context, number (and inputs)")
+        result = run_stage(request)
+    except (OSError, ValueError, UserError) as exc:  # ValueError: pydantic's too (a context or an input)
+        print(f"error: stage request {argv[0]}: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result.model_dump(mode="json")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

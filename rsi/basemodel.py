@@ -1,17 +1,15 @@
-"""Built-in base model: a tiny Llama-architecture causal LM trained from scratch on reverse addition.
+"""Built-in base model: a tiny Llama-architecture causal LM trained from scratch on train-split tasks of a family.
 
-Pretraining draws only operand pairs of the ``addition`` family's ``train`` split (``rsi.tasks``), so no
-held-out or test task is ever seen by the base; ``pretraining_pairs`` replays that stream for checks.
+How the base learns a family is the family's (plugin kind ``pretraining``, by the family's name): its batches,
+their loss, and how the built base is measured. A family that registers none learns from its expert episodes
+under the recipe's harness (``Episodes``: the transcripts, the loss on the assistant turns). Addition registers
+its own fixed-width reverse text (``rsi.task_generators.addition``). Only train-split tasks are drawn, so no
+held-out or test task is ever seen by the base. The tokenizer is character level over printable ASCII (plus
+``<pad> <eos> <bos> <unk>``) and prepends ``<bos>`` itself.
 
-Task format (fixed width ``W``): ``prompt = A + "+" + B + "="`` with both operands written least-significant
-digit first and zero-padded to ``W`` digits; ``completion`` = the sum, least-significant digit first, padded to
-``W + 1`` digits, then EOS. Level ``n`` = both operands have ``n`` random digits (leading digit nonzero for
-``n > 1``). Loss is on completion tokens and EOS only. The tokenizer is character level over printable ASCII
-(plus ``<pad> <eos> <bos> <unk>``) and prepends ``<bos>`` itself.
-
-A tool family's base trains on its expert episodes instead (``BaseRecipe.family``), and one base may train on
-several families (``BaseRecipe.also``), so that several lineages' champions share one frozen base: each family's
-batches built and their loss taken as for a base of that family alone, interleaved evenly under one LR schedule.
+One base may train on several families (``BaseRecipe.also``), so that several lineages' champions share one
+frozen base: each family's batches built and their loss taken as for a base of that family alone, interleaved
+evenly under one LR schedule.
 
 Heavy imports (torch, transformers, tokenizers) happen inside functions so that importing this module is cheap.
 """
@@ -25,15 +23,16 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from rsi import plugins
+
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
@@ -43,16 +42,13 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 PRINTABLE: tuple[str, ...] = tuple(chr(c) for c in range(32, 127))
 VOCAB: tuple[str, ...] = SPECIAL_TOKENS + PRINTABLE
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
-DIGIT0_ID = VOCAB.index("0")
-PLUS_ID = VOCAB.index("+")
-EQ_ID = VOCAB.index("=")
 RECIPE_FILE = "rsi_recipe.json"
 MODEL_FILES: tuple[str, ...] = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
 )
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # a Hugging Face base's chat template (the built-in model has none)
-_EVAL_STREAM = 0x5EED_E7A1  # eval tasks come from a seed stream disjoint from training's
-_TRAIN_STREAM = 0x7EA1_0001
+EVAL_STREAM = 0x5EED_E7A1  # eval tasks come from a seed stream disjoint from training's
+TRAIN_STREAM = 0x7EA1_0001
 
 
 class FamilyPart(pydantic.BaseModel, frozen=True):
@@ -80,9 +76,10 @@ def _check_family(p: FamilyPart | BaseRecipe) -> None:
         raise ValueError("level_weights must have one weight per entry of train_levels")
     if any(w < 0 for w in p.level_weights) or sum(p.level_weights) <= 0:
         raise ValueError("level_weights must be >= 0 with a positive sum")
-    if (p.family == "addition") != (p.harness is None):
+    if pretraining(p.family).harness != (p.harness is not None):
+        text = ", ".join(n for n in plugins.names("pretraining") if not plugins.get("pretraining", n).harness)
         raise ValueError("a tool family's base is trained on its episodes under a harness: set harness for a "
-                         "family other than addition, and only then")
+                         f"family other than {text} (those learn their own text), and only then")
 
 
 class BaseRecipe(pydantic.BaseModel, frozen=True):
@@ -91,8 +88,9 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     family: str = pydantic.Field("addition", description=(
-        "the task family the base is pretrained on: 'addition' (its fixed-width text, the original recipe), or a "
-        "tool family, whose expert demonstrations of train-split tasks are played as episodes under ``harness``"))
+        "the task family the base is pretrained on: one with its own pretraining (addition: its fixed-width text, "
+        "the original recipe), or a tool family, whose expert demonstrations of train-split tasks are played as "
+        "episodes under ``harness``"))
     harness: str | None = pydantic.Field(None, description="a tool family's harness (id or directory): the transcripts")
     mistakes: float = pydantic.Field(0.0, ge=0.0, lt=1.0, description=(
         "a tool family's demonstrations: the chance per turn that the expert makes a mistake it then recovers "
@@ -134,8 +132,8 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         names = [r.family for r in self.families()]
         if len(set(names)) < len(names):
             raise ValueError(f"also: each family once (got {names}); put all of a family's levels in one part")
-        if self.max_position_embeddings < seq_len(self.width):
-            raise ValueError("max_position_embeddings shorter than one example")
+        for r in self.families():
+            pretraining(r.family).check(r)
         return self
 
     @property
@@ -166,11 +164,6 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
 
 
-def seq_len(width: int) -> int:
-    """Tokens in one full example: BOS + prompt (2W+2) + completion (W+1) + EOS."""
-    return 1 + (2 * width + 2) + (width + 1) + 1
-
-
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level fast tokenizer over printable ASCII; adds ``<bos>`` in front of every sequence."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -194,86 +187,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
     )
-
-
-def format_example(a: int, b: int, width: int) -> tuple[str, str]:
-    """(prompt, completion without EOS) for ``a + b`` in reverse, fixed-width form."""
-    if a < 0 or b < 0 or a >= 10**width or b >= 10**width:
-        raise ValueError(f"operands must be in [0, 10**{width})")
-    rev = lambda x, n: str(x).zfill(n)[::-1]  # noqa: E731
-    return f"{rev(a, width)}+{rev(b, width)}=", rev(a + b, width + 1)
-
-
-def _draw_digits(rng: np.random.Generator, level: int, n: int, width: int) -> np.ndarray:
-    import numpy as np
-
-    d = np.zeros((n, width), dtype=np.int64)
-    d[:, :level] = rng.integers(0, 10, size=(n, level))
-    if level > 1:
-        d[:, level - 1] = rng.integers(1, 10, size=n)
-    return d
-
-
-def digits_to_int(d: np.ndarray) -> list[int]:
-    """Rows of least-significant-first digits -> Python ints."""
-    return [int("".join(map(str, row[::-1])) or "0") for row in d.tolist()]
-
-
-def sample_operands(rng: np.random.Generator, level: int, n: int, width: int,
-                    split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-    """Two (n, width) digit arrays, least-significant digit first, for ``level``-digit operands whose pair
-    lies in ``split`` of the addition family (draws of other splits are rejected and drawn again)."""
-    import numpy as np
-
-    from rsi.tasks import get_family
-
-    family = get_family("addition")
-    kept_a, kept_b, need = [], [], n
-    while need:
-        a, b = _draw_digits(rng, level, need, width), _draw_digits(rng, level, need, width)
-        keep = np.array([family.split_of({"a": x, "b": y}) == split
-                         for x, y in zip(digits_to_int(a), digits_to_int(b))], dtype=bool)
-        kept_a.append(a[keep])
-        kept_b.append(b[keep])
-        need -= int(keep.sum())
-    return np.concatenate(kept_a), np.concatenate(kept_b)
-
-
-def _add_digits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    import numpy as np
-
-    n, w = a.shape
-    s = np.zeros((n, w + 1), dtype=np.int64)
-    carry = np.zeros(n, dtype=np.int64)
-    for i in range(w):
-        t = a[:, i] + b[:, i] + carry
-        s[:, i], carry = t % 10, t // 10
-    s[:, w] = carry
-    return s
-
-
-def _encode_batch(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Token ids [n, seq_len] for BOS + prompt + completion + EOS (matches build_tokenizer's ids)."""
-    import numpy as np
-
-    n, _ = a.shape
-    cols = [
-        np.full((n, 1), BOS_ID), a + DIGIT0_ID, np.full((n, 1), PLUS_ID), b + DIGIT0_ID,
-        np.full((n, 1), EQ_ID), _add_digits(a, b) + DIGIT0_ID, np.full((n, 1), EOS_ID),
-    ]
-    return np.concatenate(cols, axis=1).astype(np.int64)
-
-
-def _pretraining_batches(r: BaseRecipe):
-    """The base's training stream: per step, (a, b) digit arrays of train-split pairs, levels by weight."""
-    import numpy as np
-
-    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
-    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
-    for _ in range(r.steps):
-        counts = rng.multinomial(r.batch_size, probs)
-        parts = [sample_operands(rng, lv, int(c), r.width) for lv, c in zip(r.train_levels, counts) if c]
-        yield np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
 
 def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]]]:
@@ -304,36 +217,73 @@ def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]
     return pools
 
 
-def _episode_batches(r: BaseRecipe):
-    """A tool family's training stream: per step, (ids, labels) tensors of demonstrations, levels by weight,
-    right-padded (labels -100 on padding)."""
-    import numpy as np
-    import torch
+class Episodes:
+    """The base learns a family from its expert episodes under the recipe's harness: every family but those
+    that register their own pretraining (plugin kind ``pretraining``; addition's text). Another family's
+    pretraining is an object with the same attributes."""
 
-    pools = _demonstrations(r)
-    rng = np.random.default_rng([_TRAIN_STREAM, r.seed])
-    probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
-    for _ in range(r.steps):
-        counts = rng.multinomial(r.batch_size, probs)
-        rows = [pools[lv][int(i)] for lv, c in zip(r.train_levels, counts) for i in rng.integers(0, len(pools[lv]), c)]
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-        labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        for k, (x, y) in enumerate(rows):
-            ids[k, : len(x)], labels[k, : len(y)] = torch.tensor(x), torch.tensor(y)
-        yield ids, labels
+    harness = True  # reads the recipe's harness
+
+    def check(self, r: BaseRecipe) -> None:
+        """What the recipe must satisfy for this family beyond ``BaseRecipe``'s own checks (nothing here: a
+        demonstration longer than the context is named when it is built)."""
+
+    def batches(self, r: BaseRecipe) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The training stream: per step, (ids, labels) tensors of demonstrations, levels by weight,
+        right-padded (labels -100 on padding)."""
+        import numpy as np
+        import torch
+
+        pools = _demonstrations(r)
+        rng = np.random.default_rng([TRAIN_STREAM, r.seed])
+        probs = np.asarray(r.level_weights, dtype=np.float64) / sum(r.level_weights)
+        for _ in range(r.steps):
+            counts = rng.multinomial(r.batch_size, probs)
+            rows = [pools[lv][int(i)] for lv, c in zip(r.train_levels, counts) for i in rng.integers(0, len(pools[lv]), c)]
+            width = max(len(ids) for ids, _ in rows)
+            ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+            labels = torch.full((len(rows), width), -100, dtype=torch.long)
+            for k, (x, y) in enumerate(rows):
+                ids[k, : len(x)], labels[k, : len(y)] = torch.tensor(x), torch.tensor(y)
+            yield ids, labels
+
+    def loss(self, model: PreTrainedModel, batch: Any, r: BaseRecipe) -> tuple[torch.Tensor, int]:
+        """One batch's loss, on the assistant turns (their labels), and the tokens read."""
+        import torch.nn.functional as F
+
+        ids, labels = batch
+        logits = model(input_ids=ids[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+        return loss, ids.shape[0] * (ids.shape[1] - 1)
+
+    def measure(self, model: PreTrainedModel, model_dir: Path, r: BaseRecipe,
+                n: int) -> tuple[dict[int, float], dict[int, float]]:
+        """Measured as the cycle measures a pair: greedy episodes per level (the trained levels and two above)
+        and pass@8 one level above the trained ones, on held-out tasks under the recipe's harness, each audited."""
+        from rsi.backends.hf import HFBackend
+        from rsi.evaluate import evaluate
+        from rsi.hcp import load_harness
+        from rsi.pair import Responder
+        from rsi.tasks import get_family
+
+        harness, family = load_harness(r.harness), get_family(r.family)
+        top = max(r.train_levels)
+        levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= family.max_level})
+        backend = HFBackend(model_dir)
+        try:
+            pair = Responder(harness, backend, "pair-base", family=family)
+            greedy = evaluate(pair, levels, n, lineage_seed=r.seed)
+            beyond = [lv for lv in (top + 1,) if lv <= family.max_level]
+            pass8 = evaluate(pair, beyond, n, lineage_seed=r.seed, k=8)
+        finally:
+            backend.close()
+        return {s.level: s.accuracy for s in greedy}, {s.level: s.accuracy for s in pass8}
 
 
-def pretraining_pairs(r: BaseRecipe):
-    """Every (a, b) the base trains on, in order (replays the stream; no model is built)."""
-    for a, b in _pretraining_batches(r):
-        yield from zip(digits_to_int(a), digits_to_int(b))
-
-
-def _eval_rng(seed: int, level: int):
-    import numpy as np
-
-    return np.random.default_rng([_EVAL_STREAM, seed, level])
+def pretraining(family: str) -> Any:
+    """How the base learns ``family``: the family's own pretraining if it registered one, else ``Episodes``."""
+    return plugins.get("pretraining", family) if family in plugins.names("pretraining") else Episodes()
 
 
 def _build_model(r: BaseRecipe) -> PreTrainedModel:
@@ -414,7 +364,8 @@ def _train_base(
         lr=r.lr, betas=(r.beta1, r.beta2), eps=1e-8,
     )
     families = r.families()
-    streams = [_episode_batches(f) if f.family != "addition" else _pretraining_batches(f) for f in families]
+    ways = [pretraining(f.family) for f in families]
+    streams = [way.batches(f) for way, f in zip(ways, families)]
     schedule = r.model_copy(update={"steps": r.total_steps})  # one LR schedule over every family's steps
     t0 = time.perf_counter()
     loss_val = float("nan")
@@ -422,7 +373,7 @@ def _train_base(
     for step, k in enumerate(interleave([f.steps for f in families])):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, schedule)
-        loss, read = _batch_loss(model, next(streams[k]), families[k])
+        loss, read = ways[k].loss(model, next(streams[k]), families[k])
         tokens += read
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -446,7 +397,7 @@ def _train_base(
         tok.save_pretrained(tmp)
         _portable_tokenizer_config(tmp)
         t1 = time.perf_counter()
-        (greedy, pass8), *parts = [_measure(model, tmp, f, eval_n) for f in families]
+        (greedy, pass8), *parts = [way.measure(model, tmp, f, eval_n) for way, f in zip(ways, families)]
         acc = {lv: greedy[lv] for lv in r.train_levels}
         eval_s = time.perf_counter() - t1
         meta: dict[str, Any] = {
@@ -474,65 +425,9 @@ def _train_base(
     return acc
 
 
-def _batch_loss(model: PreTrainedModel, batch: Any, r: BaseRecipe) -> tuple[torch.Tensor, int]:
-    """One batch's loss as its family trains, and the tokens read: a tool family's episodes with the loss on the
-    assistant turns (their labels), addition's fixed-width text with the loss on the answer positions only."""
-    import torch
-    import torch.nn.functional as F
-
-    if r.family != "addition":
-        ids, labels = batch
-        logits = model(input_ids=ids[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                               ignore_index=-100)
-    else:
-        p0 = 1 + 2 * r.width + 2  # index of first completion token
-        ids = torch.from_numpy(_encode_batch(*batch))
-        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
-        logits = model.lm_head(hidden)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))
-    return loss, ids.shape[0] * (ids.shape[1] - 1)
-
-
-def _measure(model: PreTrainedModel, model_dir: Path, r: BaseRecipe,
-             n: int) -> tuple[dict[int, float], dict[int, float]]:
-    """A single-family recipe's greedy accuracy per level (trained levels and two above) and pass@8 one level
-    above, on held-out tasks, measured as its family is: a tool family's as episodes, addition's as text."""
-    if r.family != "addition":
-        return _evaluate_episodes(model_dir, r, n)
-    top = max(r.train_levels)
-    report_levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= r.width})
-    greedy = _evaluate(model, r.width, report_levels, n, seed=r.seed)
-    beyond = [lv for lv in (top + 1,) if lv <= r.width]
-    return greedy, _evaluate(model, r.width, beyond, n, seed=r.seed, k=8, temperature=1.0)
-
-
 def _scores(greedy: dict[int, float], pass8: dict[int, float]) -> dict[str, dict[str, float]]:
     """A family's measurements as rsi_recipe.json keeps them (levels as strings: JSON keys)."""
     return {"greedy": {str(k): v for k, v in greedy.items()}, "pass_at_8": {str(k): v for k, v in pass8.items()}}
-
-
-def _evaluate_episodes(model_dir: Path, r: BaseRecipe, n: int) -> tuple[dict[int, float], dict[int, float]]:
-    """A tool family's base, measured as the cycle measures it: greedy episodes (and pass@8 one level above the
-    trained ones) on held-out tasks under the recipe's harness, each audited."""
-    from rsi.backends.hf import HFBackend
-    from rsi.evaluate import evaluate
-    from rsi.hcp import load_harness
-    from rsi.pair import Responder
-    from rsi.tasks import get_family
-
-    harness, family = load_harness(r.harness), get_family(r.family)
-    top = max(r.train_levels)
-    levels = sorted(set(r.train_levels) | {lv for lv in (top + 1, top + 2) if lv <= family.max_level})
-    backend = HFBackend(model_dir)
-    try:
-        pair = Responder(harness, backend, "pair-base", family=family)
-        greedy = evaluate(pair, levels, n, lineage_seed=r.seed)
-        beyond = [lv for lv in (top + 1,) if lv <= family.max_level]
-        pass8 = evaluate(pair, beyond, n, lineage_seed=r.seed, k=8)
-    finally:
-        backend.close()
-    return {s.level: s.accuracy for s in greedy}, {s.level: s.accuracy for s in pass8}
 
 
 def _portable_tokenizer_config(d: Path) -> None:
@@ -604,79 +499,3 @@ def read_recipe(model_dir: Path) -> BaseRecipe:
     """The recipe a saved base model was trained with."""
     meta = json.loads((Path(model_dir) / RECIPE_FILE).read_text())
     return BaseRecipe.model_validate(meta["recipe"])
-
-
-def _generate(model: PreTrainedModel, prompt_ids: torch.Tensor, max_new: int, temperature: float,
-              gen: torch.Generator | None) -> torch.Tensor:
-    """Batched KV-cached decoding of equal-length prompts; returns [n, max_new] new token ids."""
-    import inspect
-
-    import torch
-    from transformers import DynamicCache
-
-    # transformers >= 5.24 renamed the forward argument ``past_key_values`` to ``cache``
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    with torch.inference_mode():
-        try:
-            cache = DynamicCache(config=model.config)
-        except TypeError:  # older transformers
-            cache = DynamicCache()
-        out = model(input_ids=prompt_ids, use_cache=True, **{key: cache})
-        new = []
-        done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
-        for i in range(max_new):
-            logits = out.logits[:, -1, :].float()
-            if temperature > 0:
-                probs = torch.softmax(logits / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-            else:
-                nxt = logits.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, PAD_ID), nxt)
-            new.append(nxt)
-            done |= nxt == EOS_ID
-            if bool(done.all()) or i == max_new - 1:
-                break
-            out = model(input_ids=nxt[:, None], use_cache=True, **{key: cache})
-        res = torch.stack(new, dim=1)
-        if res.shape[1] < max_new:
-            res = torch.nn.functional.pad(res, (0, max_new - res.shape[1]), value=PAD_ID)
-        return res
-
-
-def _evaluate(model: PreTrainedModel, width: int, levels: Iterable[int], n: int, seed: int, k: int = 1,
-              temperature: float = 0.0, batch: int = 512) -> dict[int, float]:
-    import numpy as np
-    import torch
-
-    model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    p0 = 1 + 2 * width + 2
-    res: dict[int, float] = {}
-    for lv in levels:
-        a, b = sample_operands(_eval_rng(seed, lv), lv, n, width, split="heldout")
-        ids = torch.from_numpy(np.unique(_encode_batch(a, b), axis=0))  # distinct held-out tasks
-        m = ids.shape[0]
-        prompts, target = ids[:, :p0], ids[:, p0:]
-        prompts = prompts.repeat_interleave(k, dim=0)
-        target = target.repeat_interleave(k, dim=0)
-        ok = []
-        for s in range(0, prompts.shape[0], batch):
-            outp = _generate(model, prompts[s : s + batch], target.shape[1], temperature, gen)
-            ok.append((outp == target[s : s + batch]).all(dim=1))
-        hit = torch.cat(ok).view(m, k).any(dim=1)
-        res[lv] = float(hit.float().mean())
-    return res
-
-
-def evaluate_levels(model_dir: Path, levels: Sequence[int], n: int, seed: int, k: int = 1,
-                    temperature: float = 0.0, width: int | None = None) -> dict[int, float]:
-    """Greedy accuracy (k=1, temperature 0) or pass@k at ``temperature`` per level, on held-out tasks."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if k > 1 and temperature <= 0:
-        raise ValueError("pass@k with k > 1 needs temperature > 0")
-    if width is None:
-        width = int(json.loads((Path(model_dir) / RECIPE_FILE).read_text())["recipe"]["width"])
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return _evaluate(model, width, levels, n, seed, k=k, temperature=temperature)

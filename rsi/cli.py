@@ -517,7 +517,7 @@ def run_cmd(
                                      "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
-    from flows.cycle import run_lineage
+    from rsi.flows.cycle import run_lineage
 
     spinner = Spinner("dots", text="starting Prefect and loading the base model")
     with Live(spinner, console=out, transient=True, refresh_per_second=8) as live:
@@ -662,7 +662,7 @@ def deploy_cmd(
 ) -> None:
     """Schedule the lineage: a deployment of the rsi-lineage flow on the Prefect server (concurrency 1), run by
     `rsi worker`."""
-    from flows.deploy import deploy
+    from rsi.flows.deploy import deploy
     from rsi.config import get_settings
     from rsi.run import parse_sets, profile_for
 
@@ -679,7 +679,7 @@ def worker_cmd(
     limit: int | None = typer.Option(None, "--limit", min=1, help="at most this many runs at once"),
 ) -> None:
     """Run scheduled lineage runs: a Prefect process worker on the work pool `rsi` (stop with Ctrl-C)."""
-    from flows.deploy import worker
+    from rsi.flows.deploy import worker
     from rsi.config import get_settings
 
     code = worker(get_settings(), run_once=run_once, limit=limit)

@@ -15,6 +15,10 @@ file of rsi.
     trainer      ``fit(...)`` (rsi.train)                            rsi.trainers
     router       a ``rsi.mol.routers.Router`` class                  rsi.routers
     curriculum   ``(accuracy, spec, target) -> top level``           rsi.curricula
+    selection    ``(candidates, spec) -> kept`` (rsi.select)          rsi.selections
+    profile      a profile's settings (rsi.run.config)               rsi.profiles
+    pretraining  how the built-in base learns a family               rsi.pretraining
+                 (rsi.basemodel.Episodes: its attributes)
 
 A registration may be ``lazy("module:attribute")``: the object is imported when first used, so listing the
 backends does not import torch. Asking for a name nobody registered is a ``UserError`` naming the known ones.
@@ -43,6 +47,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "curriculum": ("rsi.curricula",),
     "selection": ("rsi.selections",),
     "profile": ("rsi.profiles",),
+    "pretraining": ("rsi.pretraining",),
 }
 # The module of rsi that registers a kind's own plugins, imported before the kind is read.
 OWN: dict[str, str] = {"proposer": "rsi.proposers", "parser": "rsi.parsers", "backend": "rsi.backends",
@@ -53,7 +58,7 @@ NOUNS = {"family": ("task family", "families"), "proposer": ("harness proposer",
          "parser": ("answer parser", "parsers"), "backend": ("generation backend", "backends"),
          "runner": ("runner", "runners"), "trainer": ("trainer", "trainers"), "router": ("router", "routers"),
          "curriculum": ("curriculum rule", "rules"), "selection": ("selection policy", "policies"),
-         "profile": ("profile", "profiles")}
+         "profile": ("profile", "profiles"), "pretraining": ("base pretraining", "pretrainings")}
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in GROUPS}
 _from_entry_points: dict[str, dict[str, Any]] = {}  # kind -> name -> EntryPoint, read once per kind

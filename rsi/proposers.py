@@ -2,7 +2,7 @@
 
 A proposer is a function ``(harness, space) -> [Proposal]``, a plugin (``rsi.plugins`` kind "proposer"): generic
 ones here with ``@proposer``, a family's in its own module by entry point in ``rsi.proposers`` (it knows the
-family's prompt and answer formats; addition's is ``task_generators.addition.formats``). ``space`` is the lineage's
+family's prompt and answer formats; addition's is ``rsi.task_generators.addition.formats``). ``space`` is the lineage's
 ``harness_search.space``: knob -> values to try. A proposal is a whole HCP document plus its templates; the
 harness search stores each one (validated like a shipped harness, immutable, content-addressed) before
 anything runs under it.

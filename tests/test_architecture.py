@@ -16,9 +16,16 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package tree it imports, wherever the import statement stands."""
+# The repository's folders that install under the rsi namespace (pyproject's package-dir)
+NAMESPACED = {f"rsi.{f}": REPO / f for f in ("flows", "task_generators", "migrations", "harness_versions")}
+
+
+def import_graph(root: Path, mapped: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules of the same package tree it imports, wherever the import statement stands;
+    ``mapped``: more folders of the tree, by the package name each installs as."""
     paths = {module_name(p, root): p for p in root.rglob("*.py")}
+    for name, folder in (mapped or {}).items():
+        paths |= {".".join([name, *module_name(p, folder).split(".")[1:]]): p for p in folder.rglob("*.py")}
 
     def known(name: str) -> str | None:
         while name and name not in paths:
@@ -75,8 +82,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_rsi_has_no_import_cycle():
-    graph = import_graph(REPO / "rsi")
+    """Counting the folders that install under rsi (rsi.flows, ...)."""
+    graph = import_graph(REPO / "rsi", NAMESPACED)
     assert len(graph) > 50 and "rsi.hcp.syntax" in graph["rsi.pair.responder"]
+    assert "rsi.run" in graph["rsi.flows.cycle"] and "rsi.flows.deploy" in graph["rsi.cli"]
     assert cycles(graph) == [], "modules that import each other, directly or through others"
 
 
@@ -85,14 +94,14 @@ GROUND = ("rsi.errors", "rsi.hashing", "rsi.models", "rsi.config", "rsi.plugins"
 # What a room may import of rsi (the README's Architecture section): below it, never above it.
 MAY_IMPORT = {
     "ground": GROUND,
-    "rsi.hcp": GROUND,  # a document is data: validating it runs no model
+    "rsi.hcp": (*GROUND, "rsi.harness_versions"),  # a document is data: validating it runs no model
     "rsi.pair": (*GROUND, "rsi.hcp", "rsi.backends.base"),
     "rsi.audit": (*GROUND, "rsi.hcp"),  # the auditor never runs a model and never reads a run's state
 }
 
 
 def test_each_room_imports_only_the_rooms_below_it():
-    graph = import_graph(REPO / "rsi")
+    graph = import_graph(REPO / "rsi", NAMESPACED)
 
     def inside(module: str, room: str) -> bool:
         return module == room or module.startswith(room + ".")
@@ -144,9 +153,9 @@ def test_every_imported_distribution_is_declared():
     import sys
     from importlib.metadata import packages_distributions
 
-    own = {"rsi", "flows", "task_generators", "migrations", "harness_versions"}
+    own = {"rsi"}
     imported: dict[str, set[str]] = {}
-    for folder in own - {"harness_versions"}:
+    for folder in ("rsi", "flows", "task_generators", "migrations"):
         for path in (REPO / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -160,6 +169,20 @@ def test_every_imported_distribution_is_declared():
     undeclared = {name: sorted(imported[name]) for name in third_party
                   if not {normalized(d) for d in providers.get(name, [name])} & declared}
     assert undeclared == {}, "declare these in pyproject.toml (dependencies, or the extra that needs them)"
+
+
+def test_the_top_level_folders_are_imported_under_the_rsi_namespace():
+    """flows/, task_generators/, migrations/ and harness_versions/ install as rsi.flows, ... (no top-level name of
+    rsi's but ``rsi``; two of those names belong to other projects): nothing imports them by their old names."""
+    old = {"flows", "task_generators", "migrations", "harness_versions"}
+    found = []
+    for folder in ("rsi", "flows", "task_generators", "migrations", "bench", "tests"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n.split(".")[0] in old]
+    assert found == [], "import them as rsi.flows, rsi.task_generators, rsi.migrations, rsi.harness_versions"
 
 
 # The run context's methods: a class's own, and every function of rsi/ or flows/ that takes it first (a stage of

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rsi.basemodel import (BaseRecipe, FamilyPart, base_dir_for, build_tokenizer, format_example, interleave,
-                           model_hash, read_recipe, train_base)
+from rsi.basemodel import (BaseRecipe, FamilyPart, base_dir_for, build_tokenizer, interleave, model_hash, read_recipe,
+                           train_base)
 from rsi.config import Settings
 from rsi.run import load_config
+from rsi.task_generators.addition import format_example
 from rsi.hcp import load_harness
 from rsi.parsers import parse_reversed_digits
 from rsi.tasks import get_family

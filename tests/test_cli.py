@@ -49,7 +49,7 @@ def test_prefect_api_comes_from_rsi_env_or_the_active_profile_and_leaves_prefect
                         '[profiles.cloud]\nPREFECT_API_URL = "https://api.prefect.cloud/api/accounts/a/workspaces/w"\n'
                         '[profiles.ephemeral]\n')
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    code = ("import os, json; from rsi.config import get_settings; s = get_settings(); import flows.cycle; "
+    code = ("import os, json; from rsi.config import get_settings; s = get_settings(); import rsi.flows.cycle; "
             "print(json.dumps([s.resolved()['prefect_api_url'], os.environ.get('PREFECT_HOME'), "
             "os.environ.get('PREFECT_API_URL')]))")
 

@@ -43,7 +43,7 @@ PROMOTING = {"train": {"steps": 120, "batch_size": 32, "warmup": 4}, "eval_n": 2
 
 
 def run_tiny(generations: int, **overrides):
-    from flows.cycle import run_lineage
+    from rsi.flows.cycle import run_lineage
     from rsi.run import load_config
 
     events: list[str] = []
@@ -56,7 +56,6 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
     from mlflow import MlflowClient
 
     from rsi.config import get_settings
-    from rsi.run import CycleConfig
     from rsi.store import open_store
     from rsi.store.schema import DatasetRow, Generation, StageRun, TrajectoryRow, VerdictRow
 

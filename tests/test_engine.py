@@ -39,7 +39,7 @@ SAMPLED = SamplingParams(max_new_tokens=8, temperature=1.0, n=3, seed=7)
 
 def addition_prompts(n: int, seed: int = 0, width: int = 10) -> list[str]:
     """Reverse-addition prompts like '2100000000+5430000000=' at levels 1..6."""
-    from rsi.basemodel import format_example
+    from rsi.task_generators.addition import format_example
 
     rng = random.Random(seed)
     out = []

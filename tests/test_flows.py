@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.parametrize("profile", ["demo", "tiny"])
 def test_flow_parameters_rebuild_exactly_the_config(profile) -> None:
-    from flows.cycle import flow_parameters
+    from rsi.flows.cycle import flow_parameters
     from rsi.run import load_config, parse_sets
 
     config = load_config(profile, lineage="x", seed=3, **parse_sets(["train.steps=7", "gate.alpha=0.1"]))
@@ -70,7 +70,7 @@ def test_a_supervised_child_that_ignores_sigterm_is_killed_after_the_grace_perio
     stubborn = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
                 f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{kid.pid}}'); time.sleep(600)")
-    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; from flows.deploy import supervise; "
+    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; from rsi.flows.deploy import supervise; "
                                    f"sys.exit(supervise([sys.executable, '-c', {stubborn!r}], None, 'the stub', 3))"],
                                   stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -30,7 +30,7 @@ def found(plan: list[int], unposable: dict[int, int]) -> Discovered:
 ])
 def test_the_search_runs_when_the_harness_holds_progress_back_or_every_k(plan, unposable, stalled, every, number,
                                                                           wanted):
-    from flows.cycle import wants_search
+    from rsi.flows.cycle import wants_search
     from rsi.run import HarnessSearchSpec
 
     spec = HarnessSearchSpec(every=every)

@@ -15,7 +15,7 @@ from rsi.audit import audit
 from rsi.errors import UserError
 from rsi.hcp import load_harness
 from rsi.migrate import rerender
-from rsi.models import Message, Pair, TokenCounts, Timings, Trajectory
+from rsi.models import Message, TokenCounts, Timings, Trajectory
 from rsi.parsers import get_parser
 from rsi.store import open_store
 from rsi.store.harnesses import find_row, lock_harness, store_new, store_proposal, stored_harness
@@ -77,7 +77,7 @@ def test_a_candidate_proposed_again_from_another_parent_is_the_stored_one(tmp_pa
     """A search from v2 stores chunks3 and chunks4; after chunks3 is adopted, the next search proposes chunks4
     again, named by the same content but described as proposed from chunks3: it is the stored chunks4, not a
     changed harness (an ablation lineage stopped on this). A proposal whose content differs is still refused."""
-    from task_generators.addition import formats as addition_formats
+    from rsi.task_generators.addition import formats as addition_formats
 
     store = open_store(f"sqlite:///{tmp_path}/rsi.db")
     with store.session() as s:

@@ -479,7 +479,7 @@ def test_the_wheel_ships_every_harness_version(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path), str(source)], check=True, timeout=600, capture_output=True)
     names = set(zipfile.ZipFile(next(tmp_path.glob("rsi-*.whl"))).namelist())
-    shipped = {str(p.relative_to(REPO)) for p in (REPO / "harness_versions").rglob("*")
+    shipped = {f"rsi/{p.relative_to(REPO)}" for p in (REPO / "harness_versions").rglob("*")  # as rsi.harness_versions
                if p.is_file() and "__pycache__" not in p.parts}
     assert shipped and shipped <= names, sorted(shipped - names)
 

@@ -48,8 +48,13 @@ def test_the_wheel_installs_outside_the_checkout_and_runs_a_lineage(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RSI_HOME", "PREFECT_HOME")}
     env |= {"RSI_HOME": str(work / "home"), "PREFECT_HOME": str(work / "prefect")}
     rsi = str(venv / "bin" / "rsi")
-    where = run([str(python), "-c", "import rsi, flows; print(rsi.__file__); print(flows.__file__)"], work, env)
-    assert all(Path(line).is_relative_to(site) for line in where.split()), where  # not the checkout's code
+    names = ["rsi.flows", "rsi.task_generators", "rsi.migrations", "rsi.harness_versions",
+             *[".".join(d.parent.relative_to(REPO).parts) for d in sorted((REPO / "rsi").rglob("__init__.py"))]]
+    where = run([str(python), "-c", "import importlib, sys; [print(importlib.import_module(n).__file__) "
+                 "for n in sys.argv[1:]]", *names], work, env)
+    assert all(Path(line).is_relative_to(site / "rsi") for line in where.split()), where  # not the checkout's code
+    # rsi claims no top-level name but its own (flows, migrations, ... live under rsi/)
+    assert sorted(p.name for p in site.iterdir() if (p / "__init__.py").exists()) == ["rsi"]
     assert {"addition", "sorting"} <= set(run([rsi, "tasks", "list"], work, env).split())
     run([rsi, "harness", "validate", "addition/v2"], work, env)
     run([rsi, "db", "upgrade"], work, env)

@@ -24,7 +24,7 @@ from rsi.pair import Responder
 from rsi.pair.plans import PlanRun
 from rsi.proposers import propose
 from rsi.tasks import DERIVED_SEED, Plan, family_names, get_family
-from task_generators.addition import cuts
+from rsi.task_generators.addition import cuts
 
 from .fakes import FakeModel, adder
 

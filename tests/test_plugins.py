@@ -187,3 +187,26 @@ def test_a_family_package_ships_its_profile(install, tmp_path: Path) -> None:
         load_config("bad")
     with pytest.raises(UserError, match=r"unknown profile 'parityy'; did you mean 'parity'\?"):
         load_config("parityy")
+
+
+def test_a_family_package_teaches_the_built_in_base_its_own_text(install, tmp_path: Path) -> None:
+    """A family's base pretraining is a plugin too: the base learns parity as the package says (no harness), its
+    build measured by the package's own measure; without it, a base of parity needs a harness (episodes)."""
+    import json
+
+    from rsi.basemodel import BaseRecipe, train_base
+
+    small = {"family": "parity", "train_levels": (6, 8), "level_weights": (1.0, 1.0), "steps": 60, "warmup": 4,
+             "batch_size": 16, "d_model": 64, "n_heads": 2, "intermediate_size": 128}
+    with pytest.raises(ValueError, match="set harness for a family other than addition "):
+        BaseRecipe(**small)
+    install({**PARITY, "rsi.pretraining": {"parity": "tests.plugin_parity:pretraining"}})
+    recipe = BaseRecipe(**small)
+    with pytest.raises(ValueError, match="set harness for a family other than addition, parity"):
+        BaseRecipe(**small, harness="parity/v1")
+    losses: list[float] = []
+    train_base(recipe, tmp_path / "base", progress=lambda step, total, loss: losses.append(loss), eval_n=64)
+    meta = json.loads((tmp_path / "base" / "rsi_recipe.json").read_text())
+    assert set(meta["greedy"]) == {"6", "8"} and meta["pass_at_8"] == {}  # the package's measure, its levels
+    assert all(0.0 <= v <= 1.0 for v in meta["greedy"].values())
+    assert len(losses) == 60 and sum(losses[-10:]) < sum(losses[:10])  # it learned from the package's batches

@@ -8,8 +8,6 @@ from rsi.curriculum import CurriculumSpec, frontier, plan_levels
 from rsi.evaluate import score, wilson
 from rsi.gate import GateSpec, decide, sign_test_p
 from rsi.select import Candidate, Example, SelectionSpec, select
-from rsi.splits import stream_seed
-from rsi.tasks import get_family
 
 
 def test_frontier_and_plus_one() -> None:

@@ -167,7 +167,7 @@ def addition_probes(backend, adapter: Path) -> list[AdditionProbe]:
     specialist is, or as the base is served), so a reply shows which model answered; fails when there is none."""
     probes = find_addition_probes(backend, adapter)
     if not probes:
-        pytest.fail(f"no held-out prompt where the addition adapter and the base differ: the served fixture's "
+        pytest.fail("no held-out prompt where the addition adapter and the base differ: the served fixture's "
                     "adapter did not learn; train it longer in `adapters` (tests/test_serve.py)")
     return probes
 
@@ -398,6 +398,11 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
                      {"model": "rsi/base", "messages": [{"role": "tool", "tool_call_id": "call_1", "content": "1"}]}):
             bad = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
             assert bad.status_code == 400 and set(bad.json()["error"]) == {"message", "type", "param", "code"}
+        call = {"id": "call_sorting_1", "type": "function", "function": {"name": "swap", "arguments": "[1]"}}
+        bad = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json={
+            "model": "rsi/auto", "messages": [{"role": "user", "content": "sort"}, {"role": "assistant", "tool_calls": [call]},
+                                              {"role": "tool", "tool_call_id": "call_sorting_1", "content": "ok"}]})
+        assert bad.status_code == 400 and "function.arguments must be a JSON object string" in bad.json()["error"]["message"]
         garbled = httpx.post(f"{url}/v1/chat/completions", content=b"{not json",
                              headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
@@ -781,6 +786,7 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     answered, one summary line before the next user message; never the other adapters' replies. No chat-mode
     base is available here, so the backend is a fake that records what the specialist is shown."""
     from rsi.hcp import load_harness
+    from rsi.models import Message
     from rsi.mol.proxy import ChatRequest, ServeConfig, Service
     from rsi.mol.registry import Champion, Specialist
     from rsi.mol.routers import Route
@@ -794,14 +800,14 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     turns = [("q1", "addition"), ("q2", "addition"), ("q3", "chatty"), ("q4", "base")]
     messages, specialists = [], []
     for question, who in turns:
-        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": f"{who} says"}]
+        messages += [Message(role="user", content=question), Message(role="assistant", content=f"{who} says")]
         specialists += [None, who]
-    messages.append({"role": "user", "content": "q5"})
+    messages.append(Message(role="user", content="q5"))
     specialists.append(None)
     route = Route(specialist="chatty", confidence=1.0, scores={}, router="override", reason="model name")
-    reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages,
-                                         ChatRequest(model="rsi/chatty", messages=messages), specialists)
-    assert (reply["content"], finish) == ("fake reply", "stop")
+    request = ChatRequest(model="rsi/chatty", messages=[m.model_dump() for m in messages])
+    reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages, request, specialists)
+    assert (reply.content, finish) == ("fake reply", "stop")
     assert [(m.role, m.content) for m in fake.prompts[0][0]] == [
         ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
         ("user", "[earlier: base answered 1 turn]\nq5")]
@@ -812,13 +818,12 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
     poses a task in its format as its lineage is evaluated: the plan's calls, composed; the reply is the
     composed answer the pair's ``run`` gives on the same backend. A message that poses no task is one call."""
     from rsi.backends import get_backend
-    from rsi.backends.base import SamplingParams
     from rsi.hcp import load_harness
     from rsi.models import Message
     from rsi.mol.proxy import ChatRequest, ServeConfig, Service, specialist_params
     from rsi.mol.routers import Route
     from rsi.pair import Responder
-    from task_generators.addition import formats as addition_formats
+    from rsi.task_generators.addition import formats as addition_formats
     from rsi.store.harnesses import write_harness_dir
     from rsi.tasks import get_family
 
@@ -832,7 +837,7 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
         assert harness.document.plan is not None and champion.generation == 2
         task = family.tasks("heldout", 7, 3, 1)[0]
         question = harness.prompt(task.payload)
-        messages = [{"role": "user", "content": question}]
+        messages = [Message(role="user", content=question)]
         params = specialist_params(harness, None)
         direct = get_backend("hf", model_dir=tiny_base)
         pair = Responder(harness, direct, champion.pair_id, adapters["addition"], family)
@@ -841,15 +846,15 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
         run = pair.run([task], params)
         assert len(run.trajectories) >= 3  # a 3-digit addition in 1-digit parts
         route = Route(specialist="addition", confidence=1.0, scores={}, router="override", reason="model name")
-        reply, finish, prompt_tokens, _ = service.answer(route, service.champions(), messages,
-                                                         ChatRequest(model="rsi/addition", messages=messages), [None])
+        request = ChatRequest(model="rsi/addition", messages=[{"role": "user", "content": question}])
+        reply, finish, prompt_tokens, _ = service.answer(route, service.champions(), messages, request, [None])
         composed = run.paths[0].answer
-        assert reply["content"] == ("" if composed is None else str(composed)) and finish == "stop"
+        assert reply.content == ("" if composed is None else str(composed)) and finish == "stop"
         assert prompt_tokens == sum(t.tokens.prompt for t in run.trajectories)
-        other = [{"role": "user", "content": "1+2"}]  # no task in the harness's format: one call, as it is
+        other = [Message(role="user", content="1+2")]  # no task in the harness's format: one call, as it is
         alone = direct.generate(["1+2"], params, adapter=str(adapters["addition"]))[0][0].text
-        assert service.answer(route, service.champions(), other, ChatRequest(model="rsi/addition", messages=other),
-                              [None])[0]["content"] == alone
+        request = ChatRequest(model="rsi/addition", messages=[{"role": "user", "content": "1+2"}])
+        assert service.answer(route, service.champions(), other, request, [None])[0].content == alone
     finally:
         service.close()
 

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from rsi.basemodel import BaseRecipe, pretraining_pairs
+from rsi.basemodel import BaseRecipe
 from rsi.models import SPLITS
+from rsi.task_generators.addition import pretraining_pairs
 from rsi.tasks import TaskFamily, get_family
 
 from .conftest import REPO

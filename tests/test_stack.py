@@ -79,9 +79,13 @@ def served(tiny_base, tmp_path_factory) -> Iterator[Served]:
                          *[arg for item in PROMOTING for arg in ("--set", item)])
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         deployment = httpx.get(f"{s.api}/deployments/name/rsi-lineage/climb").json()
+        # made as before flows/ installed as rsi.flows: `rsi worker` moves it on, and its run goes on
+        moved = httpx.patch(f"{s.api}/deployments/{deployment['id']}", json={"entrypoint": "flows.cycle.rsi_lineage"})
+        assert moved.status_code == 204, moved.text
         s.run_id = s.post(f"/deployments/{deployment['id']}/create_flow_run", {})["id"]  # due now
         worked = s.rsi("worker", "--run-once", timeout=1800)
         assert worked.returncode == 0, worked.stdout[-3000:] + worked.stderr[-3000:]
+        assert "deployment rsi-lineage/climb: entrypoint moved to rsi.flows.cycle.rsi_lineage" in worked.stderr
         yield s
     finally:
         s.rsi("stack", "down")
@@ -137,7 +141,7 @@ def test_deploy_refuses_bad_schedules(served: Served) -> None:
 
 def test_deployment_has_schedule_concurrency_and_json_parameters(served: Served) -> None:
     deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/climb").json()
-    assert deployment["work_pool_name"] == "rsi" and deployment["entrypoint"] == "flows.cycle.rsi_lineage"
+    assert deployment["work_pool_name"] == "rsi" and deployment["entrypoint"] == "rsi.flows.cycle.rsi_lineage"
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert deployment["schedules"][0]["schedule"]["interval"] == 3600

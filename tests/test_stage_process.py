@@ -42,7 +42,7 @@ def stored(run, number: int) -> dict[str, Any]:
 
 
 def test_every_stage_runs_in_a_spawned_process_from_its_context(tiny_base, tmp_path) -> None:
-    from flows.cycle import generation
+    from rsi.flows.cycle import generation
 
     in_process = tmp_path / "in-process"
     seed_home(in_process, tiny_base)
@@ -65,7 +65,7 @@ def test_every_stage_runs_in_a_spawned_process_from_its_context(tiny_base, tmp_p
         request = tmp_path / f"{stage}.json"
         request.write_text(json.dumps({"context": context, "stage": stage, "number": 1, "inputs": results}))
         done = subprocess.run([sys.executable, "-c", "import os, runpy, sys; print(os.getpid(), file=sys.stderr); "
-                               "sys.argv = ['flows.stage', sys.argv[1]]; runpy.run_module('flows.stage', "
+                               "sys.argv = ['rsi.flows.stage', sys.argv[1]]; runpy.run_module('rsi.flows.stage', "
                                "run_name='__main__')", str(request)],
                               capture_output=True, text=True, cwd=REPO, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -76,3 +76,16 @@ def test_every_stage_runs_in_a_spawned_process_from_its_context(tiny_base, tmp_p
     assert {stage: stable(results[names[stage]]) for stage in ORDER} == {s: expected[s] for s in ORDER}
     assert run.ledger.finished()[0].status == summary.gate  # the register stage finished the generation
     run.close()
+
+
+def test_a_stage_request_that_cannot_be_read_is_named_not_a_traceback(tmp_path) -> None:
+    bad = {"missing.json": None, "garbled.json": "{not json", "list.json": "[1]",
+           "stage.json": '{"stage": "fly", "context": {}, "number": 1}',
+           "context.json": '{"stage": "train", "context": {"config": 3}, "number": 1}'}
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        done = subprocess.run([sys.executable, "-m", "rsi.flows.stage", str(tmp_path / name)], capture_output=True,
+                              text=True, cwd=REPO, check=False)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (name, done.stderr)
+        assert f"error: stage request {tmp_path / name}:" in done.stderr, (name, done.stderr)

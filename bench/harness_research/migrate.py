@@ -3,7 +3,7 @@ use fresh labels: --fresh13), constant lr after 10 warmup steps, eval per level 
 continue expert iteration at the new width."""
 import argparse, json, time
 import numpy as np, torch
-from rw import OUT, add_lora, evaluate, fit, fresh, log, log_start, render, sample_verified
+from rw import OUT, add_lora, evaluate, fresh, log, log_start, render, sample_verified
 from ei import run_ei
 
 ap = argparse.ArgumentParser()

@@ -4,7 +4,7 @@ part that starts with a 0 in one operand), and with ``--by-level`` per level; gr
     .venv/bin/python bench/harness_research/plan_calls.py HARNESS_DIR BASE_DIR ADAPTER_DIR [--level 7] [--n 200]
         [--even]
 
-``--even`` cuts parts as evenly as possible whatever their digits instead of ``task_generators.addition.cuts``.
+``--even`` cuts parts as evenly as possible whatever their digits instead of ``rsi.task_generators.addition.cuts``.
 Measured (issue 10 session 2) with the demo's generation-2 adapter (``$RSI_HOME/adapters/addition/gen-002-*``)
 and addition/v2 + digit_chunks(chunk 5) (the harness store's folder ``$RSI_HOME/harnesses/addition/v2.chunks5-*``),
 level 7 heldout, 200 tasks, ``--by-level``: with ``--even``, unequal-length calls were right in 2 of 36 (level 4)
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--by-level", action="store_true", help="one row per kind and level of call")
     args = parser.parse_args()
     if args.even:
-        import task_generators.addition as addition
+        import rsi.task_generators.addition as addition
 
         def even(a: str, b: str, chunk: int) -> list[int]:
             count = -(-len(a) // chunk)

@@ -1,6 +1,6 @@
 """Multi-width base pretraining on levels 1..3 (labels only there). Same steps/lr/batch/schedule as BaseRecipe;
 the width W is drawn per step (whole batch one W) uniformly from --widths."""
-import argparse, json, time
+import argparse, time
 import numpy as np, torch
 from rw import OUT, build_base, fit, evaluate, fresh, log, log_start
 

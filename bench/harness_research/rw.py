@@ -18,8 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rsi.basemodel import (BOS_ID, DIGIT0_ID, EOS_ID, EQ_ID, PAD_ID, PLUS_ID, VOCAB, BaseRecipe, _add_digits,
-                           _build_model, _generate, digits_to_int, sample_operands)
+from rsi.basemodel import BOS_ID, EOS_ID, VOCAB, BaseRecipe, _build_model
+from rsi.task_generators.addition import (DIGIT0_ID, EQ_ID, PLUS_ID, _add_digits, _generate, digits_to_int,
+                                          sample_operands)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.provenance import provenance  # noqa: E402 (after the path it needs)

@@ -212,9 +212,9 @@ def _check_answer_round_trip(path: Path, harness: Harness, family: Any, task: Ta
 
 def shipped_harnesses() -> Path:
     """The folder of the harness versions rsi ships (package data; the checkout's ``harness_versions/``)."""
-    import harness_versions
+    import rsi.harness_versions
 
-    return Path(harness_versions.__file__).resolve().parent
+    return Path(rsi.harness_versions.__file__).resolve().parent
 
 
 def resolve_harness(ref: str | Path) -> Path:

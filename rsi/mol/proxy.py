@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rsi.errors import UserError
 from rsi.hcp.syntax import render_call
-from rsi.models import Message
+from rsi.models import Message, ToolCall
 from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,12 @@ class MessageIn(BaseModel):
             return "".join(p.text for p in self.content)
         return self.content or ""
 
+    def message(self) -> Message:
+        """The message as rsi reads it (``rsi.models.Message``): text content, calls with their arguments parsed."""
+        calls = tuple(ToolCall(id=c.id, name=c.function.name, arguments=_arguments(c.id, c.function.arguments))
+                      for c in self.tool_calls or ())
+        return Message(role=self.role, content=self.text(), tool_calls=calls, tool_call_id=self.tool_call_id)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -169,27 +175,35 @@ class ApiError(Exception):
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
 
 
-# ---- messages: OpenAI <-> stored <-> a specialist's view --------------------------------------------------------
+# ---- messages: rsi.models.Message from the request to the reply; OpenAI's shape only at the HTTP and DB edges ------
 
 
-def stored_message(m: MessageIn) -> dict[str, Any]:
-    """A request message as the conversation stores it (OpenAI's shape, text content)."""
-    out: dict[str, Any] = {"role": m.role, "content": m.text()}
+def openai_message(m: Message) -> dict[str, Any]:
+    """A message in OpenAI's shape (its calls' arguments as JSON strings), as the conversation stores it."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments":
+                              json.dumps(c.arguments)}} for c in m.tool_calls]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
     return out
 
 
-def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def stored(m: dict[str, Any]) -> Message:
+    """A stored message (OpenAI's shape) as a ``Message``."""
+    calls = tuple(ToolCall(id=c["id"], name=c["function"]["name"], arguments=_arguments(c["id"], c["function"]["arguments"]))
+                  for c in m.get("tool_calls") or ())
+    return Message(role=m["role"], content=m.get("content") or "", tool_calls=calls, tool_call_id=m.get("tool_call_id"))
+
+
+def same_message(a: Message, b: Message) -> bool:
     """Whether a resent message is a stored one (a tool-call turn by its call ids: clients send its content as null)."""
-    ids = [[c["id"] for c in m.get("tool_calls") or []] for m in (a, b)]
-    keys = ("role", "tool_call_id") if ids[0] else ("role", "content", "tool_call_id")
-    return ids[0] == ids[1] and all((a.get(k) or None) == (b.get(k) or None) for k in keys)
+    ids = [[c.id for c in m.tool_calls] for m in (a, b)]
+    same_content = bool(ids[0]) or a.content == b.content
+    return ids[0] == ids[1] and a.role == b.role and same_content and (a.tool_call_id or None) == (b.tool_call_id or None)
 
 
-def new_part(stored: list[dict[str, Any]], sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def new_part(stored: list[Message], sent: list[Message]) -> list[Message]:
     """What a request adds to a stored conversation: a client may resend the whole history or only what is new."""
     if len(sent) >= len(stored) and all(same_message(a, b) for a, b in zip(stored, sent)):
         return sent[len(stored):]
@@ -203,44 +217,43 @@ def call_specialist(call_id: str) -> str | None:
     return None
 
 
-def view(harness: Any, messages: list[dict[str, Any]]) -> list[Any]:
+def view(harness: Any, messages: list[Message]) -> list[Message]:
     """A completion-mode specialist's view: the last user message and what followed it, tool results rendered
     through the harness's tool template, calls written in its syntax."""
-    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    start = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
     if start is None:
         raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
-    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    calls: dict[str, ToolCall] = {}
     out = []
     for m in messages[start:]:
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            for c in m["tool_calls"]:
-                calls[c["id"]] = (c["function"]["name"], _arguments(c))
-            text = m["content"] or "".join(render_call(harness, *calls[c["id"]]) for c in m["tool_calls"])
+        if m.role == "assistant" and m.tool_calls:
+            calls |= {c.id: c for c in m.tool_calls}
+            text = m.content or "".join(render_call(harness, c.name, c.arguments) for c in m.tool_calls)
             out.append(Message(role="assistant", content=text))
-        elif m["role"] == "tool":
-            if m.get("tool_call_id") not in calls:
-                raise ApiError(400, f"tool message for call {m.get('tool_call_id')!r}: no assistant tool call with "
+        elif m.role == "tool":
+            if m.tool_call_id not in calls:
+                raise ApiError(400, f"tool message for call {m.tool_call_id!r}: no assistant tool call with "
                                "that id precedes it in this turn", param="messages")
-            name, arguments = calls[m["tool_call_id"]]
+            call = calls[m.tool_call_id]
             try:
-                content = harness.render_tool({}, {"name": name, "arguments": arguments}, m["content"])
+                content = harness.render_tool({}, {"name": call.name, "arguments": call.arguments}, m.content)
             except UserError as exc:
-                raise ApiError(400, f"tool result of call {m['tool_call_id']!r} cannot be shown to the "
+                raise ApiError(400, f"tool result of call {m.tool_call_id!r} cannot be shown to the "
                                f"specialist: {exc}", param="messages") from None
-            out.append(Message(role="tool", content=content, tool_call_id=m["tool_call_id"]))
-        elif m["role"] in ("user", "assistant"):
-            out.append(Message(role=m["role"], content=m["content"]))
+            out.append(Message(role="tool", content=content, tool_call_id=m.tool_call_id))
+        elif m.role in ("user", "assistant"):
+            out.append(Message(role=m.role, content=m.content))
     return out
 
 
-def chat_view(messages: list[dict[str, Any]], specialists: list[str | None], me: str | None) -> list[Any]:
+def chat_view(messages: list[Message], specialists: list[str | None], me: str | None) -> list[Message]:
     """A chat-mode specialist's view: the conversation through its own turns, each run of turns another
     specialist answered replaced by a one-line summary (``[earlier: addition answered 2 turns]``) put before the
     next user message, so it neither reads nor imitates another adapter's replies. A turn is a user message and
     what follows it; its answerer is the specialist of its assistant messages."""
-    turns: list[tuple[list[dict[str, Any]], str | None]] = []
+    turns: list[tuple[list[Message], str | None]] = []
     for m, who in zip(messages, specialists):
-        if m["role"] == "user" or not turns:
+        if m.role == "user" or not turns:
             turns.append(([], None))
         turns[-1][0].append(m)
         if who is not None:
@@ -248,25 +261,25 @@ def chat_view(messages: list[dict[str, Any]], specialists: list[str | None], me:
     out: list[Message] = []
     others: Counter[str] = Counter()
     for turn, who in turns:
-        if who is not None and who != me and turn[0]["role"] == "user":
+        if who is not None and who != me and turn[0].role == "user":
             others[who] += 1
             continue
         for m in turn:
-            content = m["content"] or ""
-            if others and m["role"] == "user":
+            content = m.content
+            if others and m.role == "user":
                 summary = ", ".join(f"{name} answered {n} turn{'s' * (n > 1)}" for name, n in others.items())
                 content, others = f"[earlier: {summary}]\n{content}", Counter()
-            out.append(Message(role=m["role"], content=content, tool_call_id=m.get("tool_call_id")))
+            out.append(Message(role=m.role, content=content, tool_call_id=m.tool_call_id))
     return out
 
 
-def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+def _arguments(call_id: str, text: str | None) -> dict[str, Any]:
     try:
-        arguments = json.loads(call["function"]["arguments"] or "{}")
+        arguments = json.loads(text or "{}")
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):
-        raise ApiError(400, f"tool call {call['id']!r}: function.arguments must be a JSON object string",
+        raise ApiError(400, f"tool call {call_id!r}: function.arguments must be a JSON object string",
                        param="messages")
     return arguments
 
@@ -378,7 +391,7 @@ class Service:
             engine.stop(self.home)
         self.store.dispose()
 
-    def choose(self, model: str, messages: list[dict[str, Any]], specialists: list[str | None],
+    def choose(self, model: str, messages: list[Message], specialists: list[str | None],
                champions: dict[str, Any]) -> Any:
         """The turn's route: model-name override, tool-call stickiness, else the router."""
         from rsi.mol.routers import Route, decide
@@ -386,7 +399,7 @@ class Service:
         name = model.removeprefix("rsi/")
         if model.startswith("rsi/") and name not in ("auto",):
             if name == BASE:
-                if messages[-1]["role"] == "tool":
+                if messages[-1].role == "tool":
                     raise ApiError(400, "model 'rsi/base' makes no tool calls, so it takes no tool result; send the "
                                    "result with model 'rsi/auto' or the specialist that made the call", param="model")
                 return Route(specialist=None, confidence=1.0, scores={}, router="override", reason="model name")
@@ -395,34 +408,33 @@ class Service:
                                param="model", code="model_not_found")
             return Route(specialist=name, confidence=1.0, scores={}, router="override", reason="model name")
         last = messages[-1]
-        if last["role"] == "tool":
+        if last.role == "tool":
             for m, who in zip(reversed(messages), reversed(specialists)):
-                ids = [c["id"] for c in m.get("tool_calls") or []]
-                if m["role"] == "assistant" and last.get("tool_call_id") in ids:
-                    owner = who or call_specialist(last["tool_call_id"])
+                if m.role == "assistant" and last.tool_call_id in [c.id for c in m.tool_calls]:
+                    owner = who or call_specialist(last.tool_call_id)
                     if owner in champions:
                         return Route(specialist=owner, confidence=1.0, scores={}, router="sticky",
                                      reason="tool result goes back to the specialist that made the call")
-            raise ApiError(400, f"tool result for call {last.get('tool_call_id')!r}: no serving specialist made that "
+            raise ApiError(400, f"tool result for call {last.tool_call_id!r}: no serving specialist made that "
                            "call in this conversation (send its assistant tool-call message first, or continue the "
                            "conversation it belongs to with its conversation_id)", param="messages")
-        user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        user = next((m for m in reversed(messages) if m.role == "user"), None)
         if user is None:
             raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
-        return decide(self.router, user["content"], list(champions), self.config.threshold)
+        return decide(self.router, user.content, list(champions), self.config.threshold)
 
     @staticmethod
     def model_ids(champions: dict[str, Any]) -> list[str]:
         return ["rsi/auto", *[f"rsi/{n}" for n in champions], f"rsi/{BASE}"]
 
-    def answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest,
-               specialists: list[str | None]) -> tuple[dict[str, Any], str, int, int]:
+    def answer(self, route: Any, champions: dict[str, Any], messages: list[Message], req: ChatRequest,
+               specialists: list[str | None]) -> tuple[Message, str, int, int]:
         """(assistant message, finish reason, prompt tokens, completion tokens) of the routed model."""
         future, finish = self.begin_answer(route, champions, messages, req, specialists)
         return finish(future.result())
 
-    def begin_answer(self, route: Any, champions: dict[str, Any], messages: list[dict[str, Any]], req: ChatRequest,
-                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], tuple[dict[str, Any], str, int, int]]]:
+    def begin_answer(self, route: Any, champions: dict[str, Any], messages: list[Message], req: ChatRequest,
+                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], tuple[Message, str, int, int]]]:
         """The routed model's call, sent: (a future of its completions, the function that makes them ``answer``'s
         tuple). The HTTP handler awaits the future without holding a thread while the engine decodes."""
         from rsi.backends.base import SamplingParams
@@ -436,16 +448,15 @@ class Service:
                                type_="server_error")
             params = SamplingParams(max_new_tokens=min(wanted or self.config.max_tokens, self.config.max_tokens),
                                     temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stops())
-            user = next(m for m in reversed(messages) if m["role"] == "user")
-            future = self._submit(self.backend(base_dir), "generate", [user["content"] or " "], params, None)
+            user = next(m for m in reversed(messages) if m.role == "user")
+            future = self._submit(self.backend(base_dir), "generate", [user.content or " "], params, None)
             return future, lambda out: _plain(out[0][0])
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
         pair = Responder(harness, self.backend(champion.base_dir), champion.pair_id, champion.adapter_dir)
-        last = messages[-1]
-        task = pair.posed(Message(role=last["role"], content=last["content"] or "")) if harness.document.plan else None
+        task = pair.posed(messages[-1]) if harness.document.plan else None
         if task is not None:  # the champion's harness answers it by its plan, call after call
-            return self._threads.submit(pair.answer_task, task, params), openai_reply
+            return self._threads.submit(pair.answer_task, task, params), turn
         convo = chat_view(messages, specialists, route.specialist) if harness.chat else view(harness, messages)
         mode, items = pair.request([convo])
         future = self._submit(pair.backend, mode, items, params, pair.adapter, harness.chat_tools)
@@ -453,7 +464,7 @@ class Service:
         def call_id(j: int, n: int) -> str:  # the id names the specialist, so its result finds it again
             return f"call_{route.specialist}_{uuid.uuid4().hex[:12]}"
 
-        return future, lambda completions: openai_reply(pair.reply(completions[0][0], call_id))
+        return future, lambda completions: turn(pair.reply(completions[0][0], call_id))
 
     def _submit(self, backend: Any, mode: str, items: list[Any], params: Any, adapter: str | None,
                 tools: Any = ()) -> Future:
@@ -468,18 +479,14 @@ class Service:
         return self._threads.submit(backend.generate, items, params, adapter=adapter)
 
 
-def openai_reply(reply: Reply) -> tuple[dict[str, Any], str, int, int]:
-    """A turn of the pair as the proxy sends and stores it: the assistant message in OpenAI's shape (its calls'
-    arguments as JSON strings), the finish reason, prompt and completion tokens."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.message.content}
-    if reply.message.tool_calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments":
-                                  json.dumps(c.arguments)}} for c in reply.message.tool_calls]
-    return message, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens
+def turn(reply: Reply) -> tuple[Message, str, int, int]:
+    """A turn of the pair as the proxy sends and stores it: the assistant message, the finish reason, prompt and
+    completion tokens."""
+    return reply.message, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens
 
 
-def _plain(out: Any) -> tuple[dict[str, Any], str, int, int]:
-    return {"role": "assistant", "content": out.text}, out.finish_reason, out.prompt_tokens, out.completion_tokens
+def _plain(out: Any) -> tuple[Message, str, int, int]:
+    return Message(role="assistant", content=out.text), out.finish_reason, out.prompt_tokens, out.completion_tokens
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------------------
@@ -661,10 +668,10 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
               ) -> tuple:
         """The state-DB and routing half of a request: the conversation, the route, the engine call sent."""
         continued = bool(conversation_id)
-        sent = [stored_message(m) for m in req.messages]
+        sent = [m.message() for m in req.messages]
         if continued:
             try:
-                history = state.conversation_messages(store, conversation_id, owner)
+                history = [(stored(m), who) for m, who in state.conversation_messages(store, conversation_id, owner)]
             except LookupError:
                 raise ApiError(404, f"conversation {conversation_id!r} does not exist for this key; omit "
                                "conversation_id to start one", param="conversation_id",
@@ -672,7 +679,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         else:  # stored with its first turn, in one transaction
             conversation_id, history = state.new_conversation_id(), []
         added = new_part([m for m, _ in history], sent)
-        if not added or added[-1]["role"] not in ("user", "tool"):
+        if not added or added[-1].role not in ("user", "tool"):
             raise ApiError(400, "the last message must be a user message or a tool result", param="messages")
         messages = [m for m, _ in history] + added
         specialists = [who for _, who in history] + [None] * len(added)
@@ -714,7 +721,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
         # stored before the reply goes out: a client that has the reply finds it in the conversation
-        turn = [(m, None) for m in added] + [(reply, who)]
+        turn = [(openai_message(m), None) for m in added] + [(openai_message(reply), who)]
         try:
             await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
                                       else service.writer.start(conversation_id, owner, turn))
@@ -737,9 +744,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             return StreamingResponse(_chunks(completion_id, created, model, reply, finish_reason, info,
                                              usage if req.include_usage() else None),
                                      media_type="text/event-stream", headers=headers)
-        message = {"role": "assistant", "content": None if reply.get("tool_calls") else reply["content"]}
-        if reply.get("tool_calls"):
-            message["tool_calls"] = reply["tool_calls"]
+        message = openai_message(reply)
+        if reply.tool_calls:  # the text the model wrote for its calls is the proxy's; a client reads the calls
+            message["content"] = None
         body = {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
                 "usage": usage, "conversation_id": conversation_id, "rsi": info}
@@ -759,7 +766,7 @@ def _sync_at_checkpoints(store: Any) -> None:
         store.engine.dispose()  # connections opened before the listener get it when opened again
 
 
-def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any], finish: str, info: dict[str, Any],
+def _chunks(completion_id: str, created: int, model: str, reply: Message, finish: str, info: dict[str, Any],
             usage: dict[str, int] | None = None):
     """The reply as OpenAI ``chat.completion.chunk`` server-sent events, ending with ``data: [DONE]``; with
     ``usage`` (``stream_options.include_usage``) a last chunk with no choices carries it."""
@@ -772,10 +779,10 @@ def _chunks(completion_id: str, created: int, model: str, reply: dict[str, Any],
         return f"data: {json.dumps(chunk)}\n\n"
 
     yield event({"role": "assistant", "content": ""})
-    if reply.get("tool_calls"):
-        yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(reply["tool_calls"])]})
+    if reply.tool_calls:
+        yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(openai_message(reply)["tool_calls"])]})
     else:
-        text = reply["content"]
+        text = reply.content
         for i in range(0, len(text), 4):
             yield event({"content": text[i:i + 4]})
     yield event({}, finish)

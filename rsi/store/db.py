@@ -15,11 +15,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-import migrations
+import rsi.migrations
 from rsi.errors import RuntimeFailure, UserError
 from rsi.store.schema import VERSION_TABLE
 
-MIGRATIONS_DIR = Path(migrations.__file__).parent
+MIGRATIONS_DIR = Path(rsi.migrations.__file__).parent
 
 
 def make_engine(url: str) -> Engine:

@@ -56,3 +56,53 @@ def longest(attempts: list, spec: Any) -> list:
 # The family's profile: what `rsi run parity` runs under (a harness of its own is given on the command line).
 profile = {"family": "parity", "target_level": 8, "curriculum": {"rule": "plus_one", "max_level": 8},
            "harness_search": {"proposers": ["parity"], "space": {"question": ["odd?"]}}}
+
+
+class Pretraining:
+    """How rsi's built-in base learns parity (plugin kind ``pretraining``): the text ``<bits>=`` then ``y`` or ``n``,
+    the loss on the answer and EOS, no harness; measured as greedy accuracy on held-out strings per level."""
+
+    harness = False
+
+    def check(self, r: Any) -> None:
+        if r.max_position_embeddings < max(r.train_levels) + 4:
+            raise ValueError("max_position_embeddings shorter than one parity example")
+
+    def rows(self, split: str, r: Any, level: int, n: int) -> tuple[Any, Any]:
+        """(ids, labels) of ``n`` tasks of ``level``: BOS, the bits, ``=``, the answer, EOS."""
+        import torch
+
+        from rsi.basemodel import BOS_ID, EOS_ID, VOCAB
+
+        tasks = family.tasks(split, r.seed, level, n)
+        ids = torch.tensor([[BOS_ID, *[VOCAB.index(c) for c in t.payload["bits"] + "=" + "ny"[t.answer]], EOS_ID]
+                            for t in tasks])
+        labels = torch.full_like(ids, -100)
+        labels[:, -2:] = ids[:, -2:]
+        return ids, labels
+
+    def batches(self, r: Any):
+        rng = random.Random(r.seed)
+        for _ in range(r.steps):
+            yield self.rows("train", r, rng.choices(r.train_levels, r.level_weights)[0], r.batch_size)
+
+    def loss(self, model: Any, batch: Any, r: Any) -> tuple[Any, int]:
+        import torch.nn.functional as F
+
+        ids, labels = batch
+        logits = model(input_ids=ids[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)), ids.numel()
+
+    def measure(self, model: Any, model_dir: Any, r: Any, n: int) -> tuple[dict[int, float], dict[int, float]]:
+        import torch
+
+        accuracy = {}
+        for level in r.train_levels:
+            ids, _ = self.rows("heldout", r, level, n)
+            with torch.inference_mode():
+                guess = model(input_ids=ids[:, :-2]).logits[:, -1].argmax(-1)
+            accuracy[level] = float((guess == ids[:, -2]).float().mean())
+        return accuracy, {}
+
+
+pretraining = Pretraining()
