@@ -191,8 +191,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]]]:
     """Per train level, the (input ids, labels) of the family's expert episodes of every distinct train-split
-    task drawn (up to 4,096 a level): the transcript under the recipe's harness, the loss on the assistant turns
-    and their EOS only (``rsi.pair.text.segments``), not on the expert's mistakes (``BaseRecipe.mistakes``)."""
+    task drawn (up to 4,096 a level): the transcript under the recipe's harness (an answer family's: the prompt
+    and the right answer), the loss on the assistant turns and their EOS only (``rsi.pair.text.segments``), not
+    on the expert's mistakes (``BaseRecipe.mistakes``)."""
     from rsi.hcp.plays import demonstration
     from rsi.pair.text import segments
     from rsi.hcp import load_harness
@@ -218,9 +219,9 @@ def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]
 
 
 class Episodes:
-    """The base learns a family from its expert episodes under the recipe's harness: every family but those
-    that register their own pretraining (plugin kind ``pretraining``; addition's text). Another family's
-    pretraining is an object with the same attributes."""
+    """The base learns a family from its expert episodes under the recipe's harness (an answer family's: its
+    prompts and right answers): every family but those that register their own pretraining (plugin kind
+    ``pretraining``; addition's text). Another family's pretraining is an object with the same attributes."""
 
     harness = True  # reads the recipe's harness
 

@@ -19,12 +19,13 @@ as it was: the model sees what went wrong, and the auditor replays the same answ
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import json
 import random
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -121,6 +122,18 @@ def _install_hook() -> None:
         _HOOKED = True
 
 
+@contextlib.contextmanager
+def sandboxed(name: str) -> Iterator[None]:
+    """Run code as a tool runs: file, network and process access inside raise ``SubstrateViolation`` naming
+    ``name`` (a family's tool, or its interpreter: ``rsi.task_generators.programs``)."""
+    _install_hook()
+    token = _IN_TOOL.set(name)
+    try:
+        yield
+    finally:
+        _IN_TOOL.reset(token)
+
+
 class Session:
     """One episode's environment: the state, and the log of every call made on it.
 
@@ -157,14 +170,11 @@ class Session:
         if problem:
             return f"error: arguments of {name}: {problem}"
         rng = random.Random(digest(["rsi-tool-rng", self.initial_hash, len(self.records)]))
-        _install_hook()
-        token = _IN_TOOL.set(name)
         try:
-            state, result = self.env.tools[name](_copy(self.state), _copy(arguments), Context(rng=rng))
+            with sandboxed(name):
+                state, result = self.env.tools[name](_copy(self.state), _copy(arguments), Context(rng=rng))
         except ToolError as exc:
             return f"error: {exc}"
-        finally:
-            _IN_TOOL.reset(token)
         self.state = _copy(state)
         return _copy(result)
 

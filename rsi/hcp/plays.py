@@ -75,10 +75,18 @@ def demonstration(harness: Harness, family: TaskFamily, task: Task, mistakes: fl
     """The family's expert solution of ``task`` as this harness's episode: each call written in the harness's
     syntax (and parsed back as the same call), run on the environment, its result rendered; then the final
     reply the harness's answer template writes. With ``mistakes`` > 0 the expert errs at that rate per turn and
-    recovers (seeded by the task). Raises ``UserError`` when the harness cannot play it or the final state
-    fails the verifier."""
-    if family.expert is None or family.environment is None:
-        raise UserError(f"family {family.name!r} has no expert demonstrations (or no environment)")
+    recovers (seeded by the task). An answer family's (no environment) is the prompt and the right answer in
+    the harness's format. Raises ``UserError`` when the harness cannot play it or the final state fails the
+    verifier."""
+    if family.environment is None:
+        answer = harness.render_answer(task.payload, task.answer)
+        parsed = parse_reply(answer, harness.document.answer)
+        if not parsed.ok or not family.verify(task, parsed.value):
+            raise UserError(f"the answer template writes {answer!r} for {task.answer!r}; the verifier rejects it")
+        return Demonstration([*(Message(role=role, content=content) for role, content in
+                                harness.prompt_messages(task.payload)), Message(role="assistant", content=answer)], [])
+    if family.expert is None:
+        raise UserError(f"family {family.name!r} has an environment but no expert demonstrations")
     session = Session(family.environment, task.payload, harness.tool_schemas)
     messages = [Message(role=role, content=content) for role, content in harness.prompt_messages(task.payload)]
     mistaken = set()

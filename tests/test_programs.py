@@ -1,0 +1,83 @@
+"""The programs family: rsi's stack machine (its semantics, bounds and named errors), canonical forms, levels and
+splits by canonical program, the human-written generator, and a base that learns it from prompts and answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rsi.hcp import load_harness
+from rsi.hcp.plays import demonstration
+from rsi.substrate import SubstrateViolation
+from rsi.task_generators import programs
+from rsi.task_generators.programs import canonical, level_of, run
+from rsi.tasks import get_family
+
+
+@pytest.mark.parametrize(("program", "x", "output"), [
+    ("x 3 add 2 mul", 5, 16), ("x 3 sub", 1, -2), ("x 7 div", 20, 2), ("x 7 mod", 20, 6), ("x 7 div", -1, -1),
+    ("x dup mul", 9, 81), ("2 x over sub", 5, 3), ("2 x swap sub", 5, 3), ("x 4 drop", 6, 6),
+    ("x jz:2 1 jmp:1 2", 0, 2), ("x jz:2 1 jmp:1 2", 3, 1),  # if x == 0 then 2 else 1
+    ("0 x dup jz:7 swap over add swap 1 sub jmp:-9 drop", 4, 10),  # a loop: 4 + 3 + 2 + 1
+])
+def test_the_machine_runs_programs_as_the_readme_says(program: str, x: int, output: int) -> None:
+    assert run(program, x).output == output and run(program, x).error is None
+
+
+@pytest.mark.parametrize(("program", "error"), [
+    ("x jmp:-1", "budget: more than 256 steps"),  # never ends
+    ("1 jmp:-2", "stack: more than 16 values"),
+    ("x dup mul dup mul dup mul", "bound: a value beyond ±9999"),  # at x = 9: Python's integers would not stop
+    ("add", "underflow: add at step 1 needs 2 value(s)"),
+    ("x 0 div", "division: div by 0"),
+    ("x drop", "empty: the program ends with nothing on the stack"),
+    ("x jmp:5", "jump: jmp:5 lands outside the program"),
+    ("x print", "parse: token 2 'print'"),
+    ("x " + "1 add " * 40, "parse: 81 tokens; a program has at most 64"),
+    ("", "parse: a program is a non-empty string"),
+])
+def test_a_program_without_output_names_why(program: str, error: str) -> None:
+    outcome = run(program, 9)
+    assert outcome.output is None and outcome.error.startswith(error), outcome
+
+
+def test_the_machine_runs_inside_the_substrate_guard(monkeypatch) -> None:
+    """Whatever the interpreter does runs as a tool runs: a file opened inside it raises."""
+    def leaky(tokens, x):
+        open("/etc/hostname").close()
+
+    monkeypatch.setattr(programs, "_execute", leaky)
+    with pytest.raises(SubstrateViolation, match="'programs' attempted 'open'"):
+        run("x", 1)
+
+
+def test_canonical_forms_drop_what_changes_nothing() -> None:
+    assert canonical("x 2 3 add add") == "x 5 add"  # literal arithmetic folded
+    assert canonical("x dup drop 0 add 1 mul 7 drop swap swap 5 add") == "x 5 add"
+    assert canonical("x 60 60 add add") == "x 60 60 add add"  # 120 is no literal: kept
+    assert canonical("x jmp:1 9 2 add") == "x jmp:1 2 add"  # unreachable: gone; the jumps keep their targets
+    assert level_of({"program": "x dup drop 2 3 add add 0 add"}) == 1
+    padded = {"program": "x 5 add 0 add dup drop"}
+    assert programs.family.split_of(padded) == programs.family.split_of({"program": "x 2 3 add add"})
+
+
+def test_the_generator_draws_programs_of_their_level_that_depend_on_their_input() -> None:
+    family = get_family("programs")
+    for level in (1, 2, 5, 12):
+        for task in family.tasks("train", 0, level, 20):
+            program, x = task.payload["program"], task.payload["input"]
+            assert level_of(task.payload) == level and run(program, x).output == task.answer
+            assert programs.depends_on_input(program) and canonical(program) == program
+    held_out = {canonical(t.payload["program"]) for t in family.tasks("heldout", 0, 2, 200)}
+    test = {canonical(t.payload["program"]) for t in family.tasks("test", 0, 2, 200)}
+    train = {canonical(t.payload["program"]) for t in family.tasks("train", 3, 2, 400)}
+    assert held_out and test and not (held_out & test) and not (train & (held_out | test))
+
+
+def test_an_answer_familys_demonstration_is_its_prompt_and_right_answer() -> None:
+    """What the built-in base learns a family without tools from (rsi.basemodel.Episodes)."""
+    harness, family = load_harness("programs/v1"), get_family("programs")
+    task = family.tasks("train", 0, 2, 1)[0]
+    demo = demonstration(harness, family, task)
+    assert [m.role for m in demo.messages] == ["user", "assistant"] and demo.tool_log == []
+    assert demo.messages[0].content == f"{task.payload['program']} ; x={task.payload['input']} ="
+    assert demo.messages[1].content == str(task.answer)
