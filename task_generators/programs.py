@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import functools
 import random
+import re
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rsi.models import Task
 from rsi.substrate import sandboxed
@@ -242,6 +244,70 @@ def solve(payload: dict[str, Any]) -> int | None:
 
 def verify(task: Task, answer: Any) -> bool:
     return isinstance(answer, int) and not isinstance(answer, bool) and answer == task.answer
+
+
+# ---- proposals: a program and an input the model writes, judged rule by rule ------------------------------------
+
+PROPOSAL = re.compile(r"(?P<program>[^;]+?) ; x=(?P<input>-?[0-9]{1,2})")
+PROPOSAL_RULES = ("proposal_format", "proposal_terminates", "proposal_bounded", "proposal_runs",
+                  "proposal_deterministic", "proposal_depends_on_input", "proposal_novel", "proposal_in_train")
+
+
+class Judged(NamedTuple):
+    """A proposal's verdict: each rule's result in ``PROPOSAL_RULES`` order ((rule, passed, detail)), and for a
+    proposal that reads as one, its payload, canonical program and level."""
+
+    rules: tuple[tuple[str, bool, str], ...]
+    payload: dict[str, Any] | None = None
+    canonical: str | None = None
+    level: int | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return all(passed for _, passed, _ in self.rules)
+
+    @property
+    def rejected_by(self) -> str | None:
+        """The first rule it fails."""
+        return next((rule for rule, passed, _ in self.rules if not passed), None)
+
+
+def judge_proposal(text: str, seen: Collection[str] = ()) -> Judged:
+    """Judge a proposal ``PROGRAM ; x=N`` (what a proposer writes: a program and an input -99..99): it parses,
+    terminates within the step budget, stays within the value and stack bounds, has an output, gives the same
+    output on a second run, gives another output for some of 4 more inputs (drawn from a stream seeded by its
+    canonical program), its canonical program is not in ``seen`` (canonical programs proposed before) and falls
+    in the train split (never a held-out or test program rewritten). A rule that cannot be judged (the proposal
+    did not parse) fails with that reason."""
+    match = PROPOSAL.fullmatch(text.strip())
+    try:
+        canon = canonical(match["program"]) if match else None
+    except ProgramError as exc:
+        canon, problem = None, str(exc)
+    else:
+        problem = "" if match else "expected 'PROGRAM ; x=N' (N an integer -99..99)"
+    if canon is None:
+        return Judged((("proposal_format", False, problem),
+                       *((rule, False, "cannot judge: no program") for rule in PROPOSAL_RULES[1:])))
+    payload = {"program": match["program"], "input": int(match["input"])}
+    first, second = run(payload["program"], payload["input"]), run(payload["program"], payload["input"])
+    # the run's error names the rule it breaks: the step budget, the bounds, else the program has no output
+    broken = {"budget": "proposal_terminates", "bound": "proposal_bounded", "stack": "proposal_bounded"}.get(
+        (first.error or "").partition(":")[0], "proposal_runs") if first.error else None
+    rng = random.Random(canon)
+    others = {run(payload["program"], rng.randint(-99, 99)).output for _ in range(4)}
+    rules = (("proposal_format", True, ""),
+             *((rule, rule != broken, first.error if rule == broken else "")
+               for rule in ("proposal_terminates", "proposal_bounded", "proposal_runs")),
+             ("proposal_deterministic", first == second, "" if first == second else f"{first} then {second}"),
+             ("proposal_depends_on_input", len(others - {None, first.output}) > 0,
+              "" if others - {None, first.output} else "the same output (or none) on 4 other inputs"),
+             ("proposal_novel", canon not in seen, "" if canon not in seen else f"proposed before: {canon!r}"),
+             ("proposal_in_train", family.split_of(payload) == "train",
+              f"its canonical program is a {family.split_of(payload)} program"
+              if family.split_of(payload) != "train" else ""))
+    level = level_of(payload) if first.output is not None else None
+    return Judged(rules, payload, canon, level)
 
 
 family = TaskFamily(

@@ -81,3 +81,28 @@ def test_an_answer_familys_demonstration_is_its_prompt_and_right_answer() -> Non
     assert [m.role for m in demo.messages] == ["user", "assistant"] and demo.tool_log == []
     assert demo.messages[0].content == f"{task.payload['program']} ; x={task.payload['input']} ="
     assert demo.messages[1].content == str(task.answer)
+
+
+@pytest.mark.parametrize(("proposal", "rule"), [
+    ("x 3 add", "proposal_format"), ("x 3 print ; x=4", "proposal_format"), ("x 3 add ; x=400", "proposal_format"),
+    ("x jmp:-1 ; x=4", "proposal_terminates"),
+    ("x dup mul dup mul dup mul ; x=9", "proposal_bounded"), ("1 jmp:-2 ; x=1", "proposal_bounded"),
+    ("x 0 div ; x=3", "proposal_runs"), ("x drop ; x=3", "proposal_runs"),
+    ("x x sub 5 add ; x=3", "proposal_depends_on_input"),  # constant: 5 whatever x
+    ("x 2 3 add add ; x=3", "proposal_novel"),  # a rewriting of one proposed before
+])
+def test_a_rejected_proposal_names_the_rule_it_breaks(proposal: str, rule: str) -> None:
+    judged = programs.judge_proposal(proposal, seen={"x 5 add"})
+    assert not judged.accepted and judged.rejected_by == rule, judged.rules
+    assert [r for r, _, _ in judged.rules] == list(programs.PROPOSAL_RULES)
+
+
+def test_a_proposal_of_a_held_out_program_is_rejected_and_a_fresh_one_accepted() -> None:
+    family = get_family("programs")
+    held_out = family.tasks("heldout", 0, 3, 1)[0].payload["program"]
+    rewritten = f"{held_out} 0 add ; x=7"  # the same canonical program, dressed up
+    judged = programs.judge_proposal(rewritten)
+    assert judged.rejected_by == "proposal_in_train" and judged.canonical == held_out
+    fresh = next(t.payload for t in family.tasks("train", 0, 3, 5))
+    judged = programs.judge_proposal(f"{fresh['program']} ; x={fresh['input']}")
+    assert judged.accepted and judged.level == 3 and judged.payload == fresh
