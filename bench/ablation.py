@@ -29,8 +29,12 @@ harness search (no proposer yet: sorting) runs no harness arms and no separate `
 ``full`` itself); the JSON says so.
 
     .venv/bin/python bench/ablation.py --family addition [--base-seeds 0,1,2] [--lineage-seeds 0,1]
-        [--generations 4] [--max-level 12] [--eval-n 128] [--out PATH] [--resume]
+        [--generations 4] [--max-level 12] [--eval-n 128] [--out PATH] [--resume] [--jobs 2]
 
+``--jobs N`` runs N cells at once, each in its own process with CPUs // N torch threads. A cell keeps about one
+core busy whatever its threads (each arm's ``loop_cpu_s`` / ``loop_wall_s`` in the JSON), so on two cores two
+cells at once take about the wall time of one. Threads change float summation order: a cell's numbers are those
+of its thread count, which each cell records (``torch_threads``).
 Each finished cell is written to ``<out>.partial.json``; ``--resume`` keeps the cells finished on the same
 commit with the same arguments and runs the rest.
 """
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +187,10 @@ def run_cell(profile: str, shared: dict[str, Any], base_seed: int, lineage_seed:
     full = arm_config("full", profile, shared, base_seed, lineage_seed)
     levels = list(range(1, full.curriculum.max_level + 1))
     dump = full.model_dump(mode="json")
-    cell: dict[str, Any] = {"base_seed": base_seed, "lineage_seed": lineage_seed, "arms": {}, "skipped": {}}
+    import torch
+
+    cell: dict[str, Any] = {"base_seed": base_seed, "lineage_seed": lineage_seed, "arms": {}, "skipped": {},
+                            "torch_threads": torch.get_num_threads()}
     for arm, skipped in arms_for(full).items():
         if skipped:
             cell["skipped"][arm] = skipped
@@ -272,6 +280,8 @@ def main() -> None:
     parser.add_argument("--eval-n", type=int, default=None, help="held-out and test tasks per level (every arm)")
     parser.add_argument("--out", default=None, help="default: bench/results/ablation-<family>.json")
     parser.add_argument("--resume", action="store_true", help="keep the cells finished on this commit")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at once, each in its own process with "
+                        "torch threads = CPUs // jobs (default 1)")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # the child's side: "base_seed,lineage_seed,home"
     args = parser.parse_args()
     from rsi.run import profile_for
@@ -311,30 +321,41 @@ def main() -> None:
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import Settings
 
+    pending = [(b, s) for b in base_seeds for s in lineage_seeds
+               if not any((c["base_seed"], c["lineage_seed"]) == (b, s) for c in cells)]
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)  # each child's torch threads: the cores shared out
+
+    def run_child(b: int, s: int) -> dict[str, Any]:
+        """One cell in a child process of its own (its own RSI_HOME); its log lines are printed as they come."""
+        home = root / f"b{b}-s{s}"
+        base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**arm_config("full", args.profile, shared, b,
+                                                                                 s).base_recipe))
+        shutil.copytree(base, home / "models" / base.name)
+        env = os.environ | {"RSI_HOME": str(home), "PREFECT_HOME": str(root / "prefect"),
+                            "OMP_NUM_THREADS": str(threads)}
+        cmd = [sys.executable, __file__, "--family", args.family, "--profile", args.profile, "--generations",
+               str(args.generations), "--cell", f"{b},{s}"]
+        cmd += ["--max-level", str(args.max_level)] if args.max_level else []
+        cmd += ["--eval-n", str(args.eval_n)] if args.eval_n else []
+        lines = []
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as child:
+            for line in child.stdout:
+                (lines.append(line) if line.startswith("CELL ") else print(line, end="", flush=True))
+        if child.returncode or not lines:
+            raise SystemExit(f"cell base seed {b}, lineage seed {s} failed (exit {child.returncode}); the cells "
+                             f"finished before it are in {partial}: rerun with --resume")
+        shutil.rmtree(home, ignore_errors=True)
+        return json.loads(lines[-1][5:])
+
     try:
-        for b in base_seeds:
-            for s in lineage_seeds:
-                if any((c["base_seed"], c["lineage_seed"]) == (b, s) for c in cells):
-                    continue
-                full = arm_config("full", args.profile, shared, b, s)
-                base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**full.base_recipe))  # cached by recipe
-                home = root / f"b{b}-s{s}"
-                shutil.copytree(base, home / "models" / base.name)
-                env = os.environ | {"RSI_HOME": str(home), "PREFECT_HOME": str(root / "prefect")}
-                cmd = [sys.executable, __file__, "--family", args.family, "--profile", args.profile, "--generations",
-                       str(args.generations), "--cell", f"{b},{s}"]
-                cmd += ["--max-level", str(args.max_level)] if args.max_level else []
-                cmd += ["--eval-n", str(args.eval_n)] if args.eval_n else []
-                lines = []
-                with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as child:
-                    for line in child.stdout:
-                        (lines.append(line) if line.startswith("CELL ") else print(line, end="", flush=True))
-                if child.returncode or not lines:
-                    raise SystemExit(f"cell base seed {b}, lineage seed {s} failed (exit {child.returncode}); the "
-                                     f"cells before it are in {partial}: rerun with --resume")
-                cells.append(json.loads(lines[-1][5:]))
+        for b in sorted({b for b, _ in pending}):  # build each base once, before cells share it
+            ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**arm_config("full", args.profile, shared, b,
+                                                                              0).base_recipe))
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for done_cell in as_completed([pool.submit(run_child, b, s) for b, s in pending]):
+                cells.append(done_cell.result())
+                cells.sort(key=lambda c: (c["base_seed"], c["lineage_seed"]))
                 write_result(partial, {"family": args.family, "shared_overrides": shared, "cells": cells}, config)
-                shutil.rmtree(home, ignore_errors=True)
     except UserError as exc:
         raise SystemExit(f"ablation: {exc}") from None
     finally:
