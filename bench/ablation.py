@@ -189,6 +189,8 @@ def run_cell(profile: str, shared: dict[str, Any], base_seed: int, lineage_seed:
     dump = full.model_dump(mode="json")
     import torch
 
+    from rsi.store.leases import release_lease
+
     cell: dict[str, Any] = {"base_seed": base_seed, "lineage_seed": lineage_seed, "arms": {}, "skipped": {},
                             "torch_threads": torch.get_num_threads()}
     for arm, skipped in arms_for(full).items():
@@ -204,7 +206,7 @@ def run_cell(profile: str, shared: dict[str, Any], base_seed: int, lineage_seed:
                        "test": test_scores(run, record["final"], levels, full.eval_n)}
             record["test_cpu_s"] = round(cpu_seconds() - started, 1)
         finally:
-            run.release()
+            release_lease(run.store, run.config.lineage, run.fence.holder, run.fence.token)
             run.close()
         cell["arms"][arm] = record
         mean = sum(v["accuracy"] for v in record["test"]["levels"].values()) / len(levels)
