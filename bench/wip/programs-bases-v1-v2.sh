@@ -1,7 +1,7 @@
 #!/bin/bash
 # base under v1 vs v2 (worked answers): per-level test accuracy, greedy, levels 1-6
-cd /work/main
-export OMP_NUM_THREADS=1 PATH=/work/venv27/bin:$PATH
+cd "$(dirname "$0")/../.."  # the repository; run after applying bench/wip/issue27-proposer.patch
+export OMP_NUM_THREADS=1 PATH=$PWD/.venv/bin:$PATH
 for v in v1 v2; do
   (
   export RSI_HOME=/tmp/exp/$v PREFECT_HOME=/tmp/exp/$v/prefect

@@ -1,7 +1,7 @@
 #!/bin/bash
 # one generation of the programs lineage, generator proposer, under v1 and under v2 (the bases of expA), 1 thread each
-cd /work/main
-export OMP_NUM_THREADS=1 PATH=/work/venv27/bin:$PATH
+cd "$(dirname "$0")/../.."  # the repository; run after applying bench/wip/issue27-proposer.patch
+export OMP_NUM_THREADS=1 PATH=$PWD/.venv/bin:$PATH
 for v in v1 v2; do
   (
   export RSI_HOME=/tmp/exp/$v PREFECT_HOME=/tmp/exp/$v/prefect
