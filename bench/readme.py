@@ -66,9 +66,15 @@ def ablation(result: dict[str, Any]) -> str:
     best = s["best_single_component"]
     claim = s["differences"][f"full - {best}"]
     zero = claim["low"] <= 0 <= claim["high"] if claim["low"] is not None else abs(claim["mean"]) < 0.0005
-    lines += ["", f"**full minus the best single-component arm ({best}): {interval(claim, signed=True)}**"
-              + (" — zero: on this evidence the loop's combination of weights and harness adds nothing over "
-                 f"{best} alone." if zero else ".")]
+    if best in ("weights", "harness", "base+harness"):
+        lines += ["", f"**full minus the best single-component arm ({best}): {interval(claim, signed=True)}**"
+                  + (" — zero: on this evidence the loop's combination of weights and harness adds nothing over "
+                     f"{best} alone." if zero else ".")]
+    else:  # no harness search: full changes the weights only, and its reference is the untrained pair
+        lines += ["", f"**full minus {best} (no single-component arm ran: without a harness search `full` trains "
+                  f"weights only): {interval(claim, signed=True)}**"
+                  + (" — zero: on this evidence the trained pair is not told apart from the untrained one."
+                     if zero else ".")]
     others = [f"full - {a}: {interval(iv, signed=True)}" for name, iv in s["differences"].items()
               if name != f"full - {best}" for a in [name.removeprefix("full - ")] if name.startswith("full - ")]
     lines.append("Also: " + "; ".join(others) + f"; upper_bound - full: "
