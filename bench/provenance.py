@@ -53,12 +53,14 @@ def _git(root: Path, *args: str) -> str | None:
 MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result measures (and its own script)
 
 
-def changed_since(commit: str, script: str, root: Path = REPO) -> list[str] | None:
-    """The measured files (``MEASURED`` and ``script``) that differ between ``commit`` and the working tree,
-    or None where ``commit`` is not in ``root``'s history (a shallow clone, or another repository)."""
+def changed_since(commit: str, script: str | tuple[str, ...], root: Path = REPO) -> list[str] | None:
+    """The measured files (``MEASURED`` and ``script``: the bench script, and what else its result depends on)
+    that differ between ``commit`` and the working tree, or None where ``commit`` is not in ``root``'s history (a
+    shallow clone, or another repository)."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
-    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script)
+    scripts = (script,) if isinstance(script, str) else script
+    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, *scripts)
     return None if out is None else out.split()
 
 

@@ -105,8 +105,8 @@ def demo(result: dict[str, Any]) -> str:
 
 
 # block name -> (its bench script, how its numbers are written; None: no renderer yet, the block shows status)
-RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
-    "demo-addition": ("bench/demo.py", demo),
+RESULTS: dict[str, tuple[str | tuple[str, ...], Callable[[dict[str, Any]], str] | None]] = {
+    "demo-addition": (("bench/demo.py", "Makefile"), demo),  # make demo's recipe is the Makefile's
     "ablation-addition": ("bench/ablation.py", ablation),
     "ablation-sorting": ("bench/ablation.py", ablation),
     "train": ("bench/train.py", None),
@@ -145,7 +145,8 @@ def staleness(name: str, root: Path = REPO) -> str | None:
 
 def render(name: str, root: Path = REPO) -> str:
     """The block's text: the result written out, or why it is not shown and how to measure it again."""
-    script, write = RESULTS[name]
+    scripts, write = RESULTS[name]
+    script = scripts if isinstance(scripts, str) else scripts[0]  # the bench script (then what else it reads)
     why = staleness(name, root)
     if why is None and write is not None:
         result = json.loads((root / "bench/results" / f"{name}.json").read_text())
@@ -153,7 +154,8 @@ def render(name: str, root: Path = REPO) -> str:
     if why is None:
         return (f"`bench/results/{name}.json` is current (`{script}`); the README does not write its numbers yet "
                 "(no renderer in `bench/readme.py`).\n")
-    return f"*Not shown: {why}. Measure it again: `.venv/bin/python {script}`, then `.venv/bin/python bench/readme.py`.*\n"
+    return (f"*Not shown: {why}. Measure it again: `.venv/bin/python {script}`, then "
+            "`.venv/bin/python bench/readme.py`.*\n")
 
 
 def rewrite(text: str, root: Path = REPO) -> str:

@@ -20,6 +20,7 @@ SETTINGS = {
     "0.2": "a base recipe's mistakes setting", "1.0": "versions: hcp 1.0, temperature 1.0", "3.11": "Python",
     "1.5": "a harness's temperature setting", "0.98": "the route adapter's macro-F1 target",
     "0.9": "a setting's value", "0.5": "frontier_fraction", "0.8": "a setting's value",
+    "0.95": "the demo's curriculum mastery (MASTERY in the Makefile)",
     "95 %": "the intervals' confidence level", "134.5": "SmolLM2-135M's parameter count in millions (its config)",
 }
 
@@ -74,6 +75,7 @@ def test_a_result_is_shown_only_while_its_commit_is_clean_and_its_code_unchanged
         (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "rsi/core.py").write_text("x = 1\n")
     (tmp_path / "bench/demo.py").write_text("# the bench\n")
+    (tmp_path / "Makefile").write_text("demo:\n\trsi run addition\n")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-q", "-m", "code")
@@ -97,6 +99,10 @@ def test_a_result_is_shown_only_while_its_commit_is_clean_and_its_code_unchanged
     assert "records no commit" in readme.staleness("demo-addition", tmp_path)
     measured(clean=False)
     assert "uncommitted code" in readme.staleness("demo-addition", tmp_path)
+    measured()
+    (tmp_path / "Makefile").write_text("demo:\n\trsi run addition --set curriculum.mastery=0.95\n")
+    git(tmp_path, "commit", "-q", "-am", "change the demo's recipe")
+    assert "Makefile changed" in readme.staleness("demo-addition", tmp_path)  # make demo's recipe is measured too
     measured()
     (tmp_path / "rsi/core.py").write_text("x = 2\n")
     git(tmp_path, "commit", "-q", "-am", "change the measured code")
