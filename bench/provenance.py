@@ -53,14 +53,13 @@ def _git(root: Path, *args: str) -> str | None:
 MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result measures (and its own script)
 
 
-def changed_since(commit: str, script: str | tuple[str, ...], root: Path = REPO) -> list[str] | None:
-    """The measured files (``MEASURED`` and ``script``: the bench script, and what else its result depends on)
-    that differ between ``commit`` and the working tree, or None where ``commit`` is not in ``root``'s history (a
-    shallow clone, or another repository)."""
+def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = ()) -> list[str] | None:
+    """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on) that differ
+    between ``commit`` and the working tree, or None where ``commit`` is not in ``root``'s history (a shallow clone,
+    or another repository)."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
-    scripts = (script,) if isinstance(script, str) else script
-    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, *scripts)
+    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script, *also)
     return None if out is None else out.split()
 
 

@@ -105,8 +105,8 @@ def demo(result: dict[str, Any]) -> str:
 
 
 # block name -> (its bench script, how its numbers are written; None: no renderer yet, the block shows status)
-RESULTS: dict[str, tuple[str | tuple[str, ...], Callable[[dict[str, Any]], str] | None]] = {
-    "demo-addition": (("bench/demo.py", "Makefile"), demo),  # make demo's recipe is the Makefile's
+RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
+    "demo-addition": ("bench/demo.py", demo),
     "ablation-addition": ("bench/ablation.py", ablation),
     "ablation-sorting": ("bench/ablation.py", ablation),
     "train": ("bench/train.py", None),
@@ -120,6 +120,7 @@ RESULTS: dict[str, tuple[str | tuple[str, ...], Callable[[dict[str, Any]], str] 
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
 }
+ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:
@@ -134,7 +135,7 @@ def staleness(name: str, root: Path = REPO) -> str | None:
         return f"`bench/results/{name}.json` records no commit (made before results recorded theirs)"
     if not prov.get("clean"):
         return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
-    changed = changed_since(commit, script, root)
+    changed = changed_since(commit, script, root, ALSO.get(name, ()))
     if changed is None:
         return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
     if changed:
@@ -145,8 +146,7 @@ def staleness(name: str, root: Path = REPO) -> str | None:
 
 def render(name: str, root: Path = REPO) -> str:
     """The block's text: the result written out, or why it is not shown and how to measure it again."""
-    scripts, write = RESULTS[name]
-    script = scripts if isinstance(scripts, str) else scripts[0]  # the bench script (then what else it reads)
+    script, write = RESULTS[name]
     why = staleness(name, root)
     if why is None and write is not None:
         result = json.loads((root / "bench/results" / f"{name}.json").read_text())
