@@ -47,7 +47,6 @@ import math
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +56,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.provenance import changed_since, run_config, write_result  # noqa: E402 (after the path it needs)
+from bench.cells import child_cell, report  # noqa: E402 (after the path it needs)
+from bench.provenance import changed_since, run_config, write_result  # noqa: E402
 
 # arm -> (its config's overrides of full's, how it runs: "lineage" = run_lineage, "pick" = best proposal)
 ARMS: dict[str, tuple[dict[str, Any], str]] = {
@@ -297,7 +297,7 @@ def main() -> None:
         shared["eval_n"] = args.eval_n
     if args.cell:
         base_seed, lineage_seed = (int(x) for x in args.cell.split(","))
-        print("CELL " + json.dumps(run_cell(args.profile, shared, base_seed, lineage_seed)), flush=True)
+        report(run_cell(args.profile, shared, base_seed, lineage_seed))
         return
     try:
         base_seeds = [int(x) for x in args.base_seeds.split(",")]
@@ -329,25 +329,14 @@ def main() -> None:
 
     def run_child(b: int, s: int) -> dict[str, Any]:
         """One cell in a child process of its own (its own RSI_HOME); its log lines are printed as they come."""
-        home = root / f"b{b}-s{s}"
         base = ensure_base(Settings(home=REPO / ".rsi"), BaseRecipe(**arm_config("full", args.profile, shared, b,
                                                                                  s).base_recipe))
-        shutil.copytree(base, home / "models" / base.name)
-        env = os.environ | {"RSI_HOME": str(home), "PREFECT_HOME": str(root / "prefect"),
-                            "OMP_NUM_THREADS": str(threads)}
         cmd = [sys.executable, __file__, "--family", args.family, "--profile", args.profile, "--generations",
                str(args.generations), "--cell", f"{b},{s}"]
         cmd += ["--max-level", str(args.max_level)] if args.max_level else []
         cmd += ["--eval-n", str(args.eval_n)] if args.eval_n else []
-        lines = []
-        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as child:
-            for line in child.stdout:
-                (lines.append(line) if line.startswith("CELL ") else print(line, end="", flush=True))
-        if child.returncode or not lines:
-            raise SystemExit(f"cell base seed {b}, lineage seed {s} failed (exit {child.returncode}); the cells "
-                             f"finished before it are in {partial}: rerun with --resume")
-        shutil.rmtree(home, ignore_errors=True)
-        return json.loads(lines[-1][5:])
+        return child_cell(cmd, base, root / f"b{b}-s{s}", root / "prefect", threads,
+                          f"cell base seed {b}, lineage seed {s}", partial)
 
     try:
         for b in sorted({b for b, _ in pending}):  # build each base once, before cells share it

@@ -1,5 +1,5 @@
 """A generation's Prefect artifacts: its accuracy table, gain decomposition, failure attribution, a markdown
-summary, one passed episode turn by turn, and a link to its MLflow model version."""
+summary, one passed episode turn by turn, a link to its MLflow model version, and the pair's proposals."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rsi.lineage.record import version_url
 from rsi.models import Trajectory
 from rsi.lineage import LineageRegistry
 from rsi.run import GenerationSummary
+from rsi.run.results import Proposed
 from rsi.store.ledger import Ledger
 from rsi.store.records import load_attribution, longest_passed
 
@@ -59,6 +60,21 @@ def publish(summary: GenerationSummary, lineage: str, ledger: Ledger, registry: 
     create_link_artifact(version_url(registry, summary.version), key=f"{key}-version",
                          link_text=f"{registry.name} version {summary.version} ({summary.gate})",
                          description="the candidate's model version in the MLflow registry")
+
+
+def publish_proposals(lineage: str, number: int, proposed: Proposed | None) -> None:
+    """A generation's proposals, accepted and rejected (with the rule that rejected them), as a table artifact;
+    nothing where the generator drew the tasks, or outside a Prefect run (``bench/cycle.py``'s direct calls)."""
+    from prefect.context import TaskRunContext
+
+    if proposed is None or TaskRunContext.get() is None:
+        return
+    rows = [{"proposal": p.text, "verdict": p.rejected_by or "accepted", "detail": p.detail, "level": p.level}
+            for p in proposed.proposals]
+    key = f"{lineage}-gen-{number}-proposals".replace("_", "-").replace(".", "-").lower()
+    create_table_artifact(rows, key=key, description=(
+        f"generation {number}: {len(proposed.task_ids)} of {len(rows)} proposals accepted; rejected by rule: "
+        f"{proposed.rejected_by_rule}"))
 
 
 def episode_markdown(trajectory: Trajectory) -> str:

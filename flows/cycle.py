@@ -1,14 +1,15 @@
 """The RSI cycle as Prefect flows, stage by stage in the order it runs.
 
-``rsi-cycle`` runs one generation: discover -> [search] -> execute -> audit -> select -> train -> evaluate/gate
--> register; ``search`` (candidate harnesses) runs when the champion's harness holds progress back, and a
-candidate it adopts is the generation's successor. ``rsi-lineage`` runs generations until the target level is
-mastered, the candidates plateau, or the budget is spent. Each stage's result is stored under (lineage,
-generation, stage, inputs hash), so a run started again after a crash skips what finished and ends with the
-lineage it would have produced uninterrupted. Flows take JSON (``rsi-cycle`` a ``RunContext`` and a number) and
-build their ``Run`` from it; a stage takes the run and the typed results of earlier stages, so any stage also
-runs in another process from the context (``flows/stage.py``). SQL lives in ``rsi.store``, MLflow calls in
-``rsi.lineage``, Prefect artifacts in ``flows/artifacts.py``, logs and retries in ``flows/runtime.py``.
+``rsi-cycle`` runs one generation: discover -> [search] -> execute -> audit -> select -> train -> evaluate/gate ->
+register; in discover the generator draws the tasks, or the pair proposes them (``rsi.run.proposals``); ``search``
+(candidate harnesses) runs when the champion's harness holds progress back, and a candidate it adopts is the
+successor.
+``rsi-lineage`` runs generations until the target level is mastered, candidates plateau or the budget is spent. Each
+stage's result is stored under (lineage, generation, stage, inputs hash), so a run restarted after a crash skips
+what finished and ends with the lineage an uninterrupted run makes. Flows take JSON (``rsi-cycle`` a ``RunContext``
+and a number) and build their ``Run`` from it; a stage takes the run and the typed results of earlier stages, so any
+stage also runs in another process from the context (``flows/stage.py``). SQL lives in ``rsi.store``, MLflow calls
+in ``rsi.lineage``, Prefect artifacts in ``flows/artifacts.py``, logs and retries in ``flows/runtime.py``.
 """
 
 from __future__ import annotations
@@ -24,26 +25,24 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run as current_flow_run
 
-from rsi.flows.artifacts import progress, publish
+from rsi.flows.artifacts import progress, publish, publish_proposals
 from rsi.flows.runtime import SERVER_RETRIES, Events, flow_parameters, forwarding
 from rsi.attribution import attribute, summary as attribution_summary
 from rsi.config import get_settings
 from rsi.curriculum import frontier, plan_levels
-from rsi.migrate import changes_format
-from rsi.proposers import propose
 from rsi.pair import sampling_params
 from rsi.pair.text import training_parts
 from rsi.run import (
-    Audited, Champion, CycleConfig, Discovered, Executed, GenerationSummary, HarnessCandidate, Judged, Registered,
+    Audited, Champion, CycleConfig, Discovered, Executed, GenerationSummary, Judged, Registered,
     Run, RunContext, Searched, Selected, Trained, holding_lease, latest_harness, load_config, open_run,
 )
 from rsi.run.data import corrupt
 from rsi.run.judge import pass_rates, wants_search
 from rsi.run.register import done_reason, mastered_up_to
-from rsi.run.results import judged_summary
+from rsi.run.results import HarnessTried, judged_summary
+from rsi.run.search import search
 from rsi.select import Candidate, select
 from rsi.splits import stream_seed
-from rsi.store.harnesses import store_proposal
 from rsi.store.ledger import fault_point
 from rsi.store.records import load_tasks, load_trajectories, put_tasks, put_trajectories
 from rsi.store.records import put_verdicts, store_attribution
@@ -51,7 +50,7 @@ from rsi.store.records import put_verdicts, store_attribution
 log = logging.getLogger("rsi.cycle")
 
 
-# 1. discover: levels from the champion's held-out accuracy, tasks from this generation's train stream
+# 1. discover: levels from the champion's held-out accuracy, tasks from the train stream or the pair's proposals
 @task(name="discover", task_run_name="discover-gen-{number:03d}", cache_policy=NO_CACHE)
 def discover(run: Run, number: int, champ: Champion) -> Discovered:
     gen, config, harness = run.ledger.generation(number), run.config, run.harnesses.of(champ)
@@ -69,16 +68,16 @@ def discover(run: Run, number: int, champ: Champion) -> Discovered:
         unposable = {p.level: p.n_tasks for p in plan_levels(accuracy, config.curriculum)
                      if p.level not in posable and p.level > ceiling}
         mastered = frontier(accuracy, config.curriculum.mastery)
-        seed = stream_seed("rollout", config.seed, number)
-        tasks = [t for p in plan for t in run.family.tasks("train", seed, p.level, p.n_tasks)]
+        proposed, tasks = run.proposer.frontier(gen.id, number, champ, plan, ceiling)  # the generator's or the pair's
         replay_seed, replay_levels = stream_seed("replay", config.seed, number), range(1, mastered + 1 if plan else 1)
-        tasks += [t for lvl in replay_levels
+        tasks += [t for lvl in replay_levels if proposed is None  # a proposing pair replays its own selections only
                   for t in run.family.tasks("train", replay_seed, lvl, config.replay_tasks_per_level)]
         with run.fence.write() as s:
             put_tasks(s, tasks)
+        publish_proposals(config.lineage, number, proposed)
         return Discovered(accuracy=accuracy, frontier=mastered, plan=plan, task_ids=[t.id for t in tasks],
                           frontier_levels=[p.level for p in plan], replay_levels=list(replay_levels),
-                          unposable=unposable)
+                          unposable=unposable, proposed=proposed)
 
     return run.ledger.run_stage(gen, "discover", {"champion": champ.pair_id}, body)
 
@@ -145,6 +144,7 @@ def select_stage(run: Run, number: int, champ: Champion, found: Discovered, exec
         replay = run.data.replay(number, harness, config.selection.replay_generations)
         dataset = select(candidates, replay, config.selection, frontier_levels=set(found.frontier_levels),
                          seed=config.seed + number)
+        dataset = run.proposer.with_learnable(found.proposed, dataset, trajectories, passed)  # it learns to propose
         corrupted = config.corrupt_training_data
         dataset = dataset.model_copy(update={"corrupted": corrupted})  # its own digest: never mistaken for clean
         key = dataset.digest  # hashes every example: once, not once per stored item inside the write lock
@@ -189,46 +189,11 @@ def evaluate_gate(run: Run, number: int, champ: Champion, found: Discovered, tra
 # 4b. search: candidate harnesses, each paired with the champion's adapter (migrated) and judged
 @task(name="search", task_run_name="search-gen-{number:03d}", cache_policy=NO_CACHE, **SERVER_RETRIES)
 def search_harness(run: Run, number: int, champ: Champion, found: Discovered) -> Searched:
-    """Proposers' candidates, stored immutably; each paired with the champion's adapter, migrated on the
-    lineage's own verified answers re-rendered under it when its format differs, and judged against the
-    champion. The candidate the gate promotes (the best, if several) is adopted."""
+    """Candidate harnesses drawn from the champion's failures, screened, the best judged by the full gate
+    (``rsi.run.search``); the one the gate promotes is adopted."""
     spec, gen = run.config.harness_search, run.ledger.generation(number)
-
-    def body() -> Searched:
-        parent = run.harnesses.of(champ)
-        proposals = propose(parent, spec.proposers, spec.space)
-        with run.fence.write() as s:
-            harnesses = [store_proposal(s, p.document, p.sources, run.settings.home) for p in proposals]
-        migration = run.data.migration_set(gen.id, spec.examples_per_level)
-        adapter_hash = run.ledger.load_pair(champ.pair_id).adapter_hash
-        candidates: list[HarnessCandidate] = []
-        for proposal, harness in zip(proposals, harnesses, strict=True):
-            log.info("generation %d: candidate harness %s: %s", number, harness.id, proposal.why)
-            migrate = changes_format(parent, harness)
-            if migrate and not migration.size:
-                log.info("generation %d: %s skipped: no verified answers to migrate yet", number, harness.id)
-                continue
-            if migrate and not run.config.train.steps:
-                log.info("generation %d: %s skipped: its format needs a migrated adapter and this lineage trains "
-                         "no weights (train.steps 0)", number, harness.id)
-                continue
-            trained = run.training.fit(number, champ, migration, run.data.load(migration.digest, harness)[0],
-                                       spec.migration, run.base.adapters / f"gen-{number:03d}-{harness.hash[:12]}",
-                                       True, harness) if migrate else \
-                run.training.keep(number, champ, harness, adapter_hash)
-            judged = run.judge.judge(number, champ, found, harness, trained.adapter_hash, trained.adapter_dir)
-            log.info("generation %d: candidate harness %s %s (p=%.3g): %s", number, harness.id,
-                     "beats the champion" if judged.decision.promote else "rejected", judged.decision.p_value,
-                     {k: round(v, 3) for k, v in judged.candidate.items()})
-            candidates.append(HarnessCandidate(harness_id=harness.id, harness_hash=harness.hash, why=proposal.why,
-                                               trained=trained, judged=judged))
-        promoted = [i for i, c in enumerate(candidates) if c.judged.decision.promote and c.trained is not None]
-        adopted = max(promoted, key=lambda i: sum(candidates[i].judged.candidate.values()), default=None)
-        return Searched(parent_harness=parent.id, dataset=migration.digest, size=migration.size,
-                        candidates=candidates, adopted=adopted)
-
     inputs = {"champion": champ.pair_id, "spec": spec.model_dump(mode="json"), "champions": run.champions()}
-    return run.ledger.run_stage(gen, "search", inputs, body)
+    return run.ledger.run_stage(gen, "search", inputs, lambda: search(run, number, champ, found))
 
 
 # 7. register: a model version with the adapter and the HCP document; the generation's end commits with it
@@ -243,11 +208,16 @@ def register(run: Run, number: int, champ: Champion, selected: Selected, trained
 
     def body() -> Registered:
         others = {c.judged.candidate_pair_id: run.registrar.candidate(number, champ, searched.dataset, c.trained,
-                                                                      c.judged, why=c.why, adopted=False)[0]
+                                                                      c.judged, why=c.why, adopted=False,
+                                                                      made_by=(c.operator, c.cause,
+                                                                               searched.parent_harness))[0]
                   for c in (searched.candidates if searched else ())
                   if c.trained is not None and c.judged.candidate_pair_id != judged.candidate_pair_id}
-        why = next((c.why for c in searched.candidates if c.judged == judged), "") if searched else ""
-        version, model_uri = run.registrar.candidate(number, champ, selected.digest, trained, judged, why=why)
+        mine = next((c for c in searched.candidates if c.judged == judged), None) if searched else None
+        version, model_uri = run.registrar.candidate(number, champ, selected.digest, trained, judged,
+                                                     why=mine.why if mine else "",
+                                                     made_by=(mine.operator, mine.cause, searched.parent_harness)
+                                                     if mine else ("", "", ""))
         run.registrar.generation(number, judged, trained.mlflow_run_id)
         return Registered(version=version, promoted=promote, model_uri=model_uri, others=others)
 
@@ -299,8 +269,11 @@ def generation(run: Run, number: int, *, direct: bool = False,
     found = call(discover, champ)
     stalled, trains = run.ledger.rejections_in_a_row() > 0, config.train.steps > 0
     # a lineage that trains no weights improves its harness alone: it searches
-    spec = config.harness_search
-    search = wants_search(spec, found, number, stalled) or (spec.enabled and not trains)
+    last = next((g for g in reversed(run.ledger.finished()) if g.number < number), None)
+    audited = run.ledger.result(last, "audit") if last else None  # none after a harness generation
+    failed = audited.attribution if audited else None
+    search = wants_search(spec := config.harness_search, found, number, stalled, failed) or \
+        (spec.enabled and not trains)
     searched = call(search_harness, champ, found) if search else None
     if searched is not None and (searched.adopted is not None or not found.plan or not trains):
         return harness_generation(run, number, champ, found, searched, call).model_copy(update={"seconds": seconds})
@@ -309,6 +282,8 @@ def generation(run: Run, number: int, *, direct: bool = False,
         return stop(stopped="curriculum exhausted")
     if not trains:
         return stop(stopped="train.steps is 0 and harness search is off: nothing to change")
+    if found.proposed is not None and not found.proposed.task_ids:
+        return stop(stopped=f"nothing to train on: no proposal passed the rules ({found.proposed.rejected_by_rule})")
     executed = call(execute, champ, found)
     audited = call(audit, champ, found, executed)
     selected = call(select_stage, champ, found, executed, audited)
@@ -337,7 +312,10 @@ def harness_generation(run: Run, number: int, champ: Champion, found: Discovered
     gen = run.ledger.generation(number)
     tried = [c for c in searched.candidates if c.trained is not None]
     if not tried:
-        return GenerationSummary(generation=number, stopped="curriculum exhausted and no candidate harness to try")
+        return GenerationSummary(generation=number, stopped="no candidate harness to try: the probe found nothing an "
+                                 "operator answers, none beat the champion on the screen, or the curriculum is "
+                                 "exhausted", harness_candidates=[HarnessTried(harness=c.harness_id, gate="screened out")
+                                                                  for c in searched.screened])
     chosen = searched.candidates[searched.adopted] if searched.adopted is not None else \
         max(tried, key=lambda c: sum(c.judged.candidate.values()))
     inputs = {"search": chosen.judged.candidate_pair_id}

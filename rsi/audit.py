@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rsi.errors import UserError
 from rsi.hcp import Harness, HCPDocument
+from rsi.hcp.document import FAMILY_RULE
 from rsi.hcp.syntax import parse_reply
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed
@@ -375,10 +376,19 @@ RULES: dict[str, Rule] = {
 }
 
 
+def family_rule(name: str, case: Case) -> RuleResult:
+    """One of the family's own rules (``family:<name>`` in the contract) on the parsed answer; an answer that
+    did not parse cannot be judged, and fails."""
+    if not case.parsed.ok:
+        return RuleResult(rule=name, passed=False, detail=f"cannot judge: no answer ({case.parsed.error})")
+    passed, detail = case.family.rules[name.removeprefix(FAMILY_RULE)](case.task, case.parsed.value)
+    return RuleResult(rule=name, passed=passed, detail=detail)
+
+
 def judge(name: str, case: Case) -> RuleResult:
     """Apply one rule; a rule that raises could not judge, and that fails the rule with the reason."""
     try:
-        return RULES[name](case)
+        return family_rule(name, case) if name.startswith(FAMILY_RULE) else RULES[name](case)
     except Exception as exc:  # noqa: BLE001 - a crash in a rule is a failed verdict, never a failed audit
         return RuleResult(rule=name, passed=False, detail=f"cannot judge: {type(exc).__name__}: {exc}")
 

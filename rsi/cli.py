@@ -160,6 +160,66 @@ def harness_attribute(
         store.dispose()
 
 
+@harness_app.command("archive")
+def harness_archive(lineage: str = typer.Argument(..., help="lineage name")) -> None:
+    """Every candidate harness the lineage's searches made, under the harness it was drawn from: the operator and
+    failure cause that made it, its screen accuracy, and the full gate's decision where the screen sent it on."""
+    from rsi.errors import UserError
+    from rsi.run.archive import nodes, tree
+    from rsi.run.results import read_result
+    from rsi.store import open_store
+    from rsi.store.ledger import stage_results
+
+    store = open_store()
+    try:
+        searches = stage_results(store, lineage, "search", read_result)
+    finally:
+        store.dispose()
+    if not searches:
+        raise UserError(f"lineage {lineage!r} has no harness search in the state DB (a search runs when the harness "
+                        "holds progress back: `rsi harness attribute` says why tasks failed)")
+    roots = list(dict.fromkeys((s.parent_hash, s.parent_harness) for _, s in searches))
+    made = nodes(searches)
+    drawn = {n.harness_hash for n in made}
+    for line in tree(made, [r for r in roots if r[0] not in drawn] or roots[:1]):
+        out.print(line, markup=False, highlight=False)
+
+
+@harness_app.command("repair")
+def harness_repair(
+    path: Path = typer.Argument(..., help="the broken harness: a hcp.toml or the directory that holds it"),
+    lineage: str | None = typer.Option(None, "--lineage", help="repair for this lineage's champion (its adapter "
+                                       "and base); default: the bare base of the harness family's profile"),
+    adapter: Path | None = typer.Option(None, "--adapter", help="repair for this LoRA adapter (on the profile's base)"),
+    out_dir: Path | None = typer.Option(None, "--out", help="write the repaired harness here (default: beside "
+                                        "PATH, named <dir>-repaired)"),
+    generations: int = typer.Option(3, "--gates", min=1, help="at most this many full gates"),
+    target_level: int | None = typer.Option(None, "--target-level", min=1, help="the highest level the harness "
+                                            "should pose and the pair pass (default: the profile's)"),
+    profile: str | None = PROFILE,
+) -> None:
+    """Search for edits that make a broken harness work again, training nothing: the pair is probed under it, the
+    generic operators propose edits from its failures, a screen ranks them, the full gate judges the best; each
+    adopted edit is printed with what it changed, and the repaired harness is written out."""
+    from rsi.repair import repair, repair_config, write_adopted
+
+    config = repair_config(str(path), lineage, str(adapter) if adapter else None, profile, generations,
+                           target_level=target_level)
+    result = repair(config, lambda message: out.print(f"[dim]{message}[/dim]"))
+    for step in result.steps:
+        out.print(f"generation {step.generation}: {step.operator} ({step.cause}) -> {step.harness_id} "
+                  f"(gate p={step.p_value:.3g}): {step.why}", markup=False, highlight=False)
+        for field, (before, after) in step.changed.items():
+            out.print(f"    {field}: {before!r} -> {after!r}", markup=False, highlight=False)
+    if result.adopted is None:
+        out.print(f"no repair found ({result.gates} full gate(s); `rsi harness archive {result.lineage}` shows "
+                  "every candidate)")
+        raise typer.Exit(1)
+    folder = path if path.is_dir() else path.parent
+    written = write_adopted(result, out_dir or folder.with_name(f"{folder.name}-repaired"))
+    out.print(f"repaired: {result.adopted} after {result.gates} full gate(s), written to {written}")
+
+
 @harness_app.command("validate")
 def harness_validate(path: Path = typer.Argument(..., help="a hcp.toml or the directory that holds it")) -> None:
     """Validate an HCP document and its templates; exit 2 naming the file and field if it is invalid."""
@@ -375,12 +435,13 @@ def eval_cmd(
                                     "the lineage's starting harness, the base under the champion's harness and the "
                                     "champion's adapter under the starting harness"),
     profile: str | None = PROFILE,
+    sets: list[str] = SETS,
 ) -> None:
     """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
-    from rsi.run import load_config, profile_for
+    from rsi.run import load_config, parse_sets, profile_for
     from rsi.errors import UserError
     from rsi.evaluate import evaluate, expressible
     from rsi.hcp import load_harness
@@ -396,10 +457,12 @@ def eval_cmd(
     if lineage is not None:  # the champion pair: its adapter under its own harness, on the lineage's own base
         if adapter is not None:
             raise UserError("pass --adapter or --lineage, not both")
+        from rsi.store.champions import champion_pair
+
         adapter, harness, spec, base_hash = champion_pair(lineage)
     elif harness_ref is not None:
         harness = load_harness(harness_ref)
-    config = load_config(profile_for(profile, harness.document.family if harness else None))
+    config = load_config(profile_for(profile, harness.document.family if harness else None), **parse_sets(sets))
     if spec and profile is None:  # the lineage's recorded base and seed, not its family's profile's
         config = config.model_copy(update={"base_recipe": spec.get("base_recipe", config.base_recipe),
                                            "seed": spec.get("seed", config.seed)})
@@ -458,31 +521,6 @@ def print_references(lineage: str, start, harness, adapter: Path, levels: list[i
               f"{mean[list(arms)[1]] - mean[list(arms)[0]]:+.3f}")
 
 
-def champion_pair(lineage: str) -> tuple[Path, Any, dict[str, Any], str]:
-    """The adapter directory, the harness, the lineage's recorded config and the base model hash of a lineage's
-    current champion, from the state DB."""
-    from sqlalchemy import select
-
-    from rsi.config import get_settings
-    from rsi.errors import UserError
-    from rsi.store import open_store
-    from rsi.store.harnesses import stored_harness
-    from rsi.store.schema import Generation, Lineage, PairRow
-
-    store = open_store()
-    try:
-        with store.session() as s:
-            gen = s.scalars(select(Generation).where(Generation.lineage == lineage, Generation.status == "promoted")
-                            .order_by(Generation.number.desc())).first()
-            pair = s.get(PairRow, gen.candidate_pair_id) if gen else None
-            if pair is None or not pair.adapter_uri:
-                raise UserError(f"lineage {lineage!r} has no promoted champion in the state DB; run `rsi run` first")
-            return (Path(pair.adapter_uri), stored_harness(s, pair.harness_hash, get_settings().home),
-                    dict(s.get(Lineage, lineage).spec), pair.base_model_hash)
-    finally:
-        store.dispose()
-
-
 @app.command("run")
 def run_cmd(
     family: str = typer.Argument(..., help="task family to climb, e.g. addition"),
@@ -499,6 +537,10 @@ def run_cmd(
                                       "started for the run; pip install 'rsi[ray]')"),
     shards: int | None = typer.Option(None, "--shards", min=0, help="ray: shards per stage (0: one per Ray CPU)"),
     base_seed: int | None = BASE_SEED,
+    proposer: str | None = typer.Option(None, "--proposer", help="where training tasks come from: generator (the "
+                                        "family's), self (the pair proposes them under the profile's "
+                                        "proposer.harness and learns which it can learn from) or frozen (the "
+                                        "untrained base proposes); default: the profile's"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -506,13 +548,11 @@ def run_cmd(
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from rsi import plugins
-    from rsi.run import latest_harness, load_config, parse_sets, profile_for
+    from rsi.run import deep_merge, load_config, parse_sets, profile_for, starting_harness
 
-    # a profile named on the command line may name its harness (smollm2's is a chat harness, not the newest)
-    named = plugins.get("profile", profile) if profile else {}
-    harness = harness or (None if "harness" in named else latest_harness(family))
-    config = load_config(profile_for(profile, family), **{**with_base_seed(parse_sets(sets), base_seed),
+    harness = starting_harness(family, profile, harness)
+    sets = deep_merge(parse_sets(sets), {"proposer": {"source": proposer}} if proposer else {})
+    config = load_config(profile_for(profile, family), **{**with_base_seed(sets, base_seed),
                                      "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,

@@ -49,6 +49,10 @@ class FramedIntegerParams(Params):
     suffix: str = Field("", description="the text after it, e.g. '.'")
 
 
+class WorkedParams(Params):
+    separator: str = Field(" | ", min_length=1, description="what separates the steps of the worked answer")
+
+
 class WordParams(Params):
     words: list[str] = Field(min_length=1, description="the replies that count, e.g. ['done']")
 
@@ -131,6 +135,30 @@ def parse_word(text: str, words: list[str]) -> Parsed:
         if word and text.startswith(word):
             return Parsed(ok=True, value=word, extra=text[len(word):])
     return Parsed(ok=False, error=f"expected one of {words}, got {text[:20]!r}")
+
+
+@parser("worked_integer", WorkedParams)
+def parse_worked_integer(text: str, separator: str = " | ") -> Parsed:
+    """A worked answer on one line: steps separated by ``separator``, the last step integers separated by single
+    spaces (a final state: a machine's stack, say), the answer its last integer: '5 3 add | 8' is 8, '4 5' is 5.
+    What follows the line is extra."""
+    line, newline, rest = text.partition("\n")
+    last = line.rsplit(separator, 1)[-1]
+    words = last.split(" ")
+    if not all(re.fullmatch(r"-?[0-9]{1,%d}" % MAX_DIGITS, w) for w in words):
+        reason = _non_ascii_digit(last)
+        return Parsed(ok=False, error=reason or f"expected the last step to be integers, got {last[-30:]!r}")
+    return Parsed(ok=True, value=int(words[-1]), extra=newline + rest)
+
+
+@parser("line")
+def parse_line(text: str) -> Parsed:
+    """The reply's first line, spaces around it dropped: free text a family's own rules judge (a proposed
+    program, say); what follows the line break is extra."""
+    line, newline, rest = text.partition("\n")
+    if not line.strip():
+        return Parsed(ok=False, error=f"expected a line of text, got {text[:20]!r}")
+    return Parsed(ok=True, value=line.strip(), extra=newline + rest)
 
 
 def get_parser(name: str) -> Parser:

@@ -8,7 +8,7 @@ file of rsi.
 
     kind         what is registered                                  group
     family       a ``rsi.tasks.TaskFamily``                          rsi.families (and rsi.task_generators)
-    proposer     ``(harness, space) -> [Proposal]`` (rsi.proposers)  rsi.proposers
+    proposer     ``(harness, space, evidence) -> [Proposal]``      rsi.proposers
     parser       a ``rsi.parsers.ParserSpec`` (function, params)     rsi.parsers
     backend      ``(**kwargs) -> GenerationBackend``                 rsi.backends
     runner       ``(run) -> Runner`` (rsi.runners)                   rsi.runners

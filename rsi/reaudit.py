@@ -77,6 +77,8 @@ def reaudit_lineage(store: Store, lineage: str, harness: Harness, home: Path) ->
                             harness_hash=r.harness_hash)
                  for r in s.scalars(select(PairRow).where(PairRow.id.in_({t.pair_id for t in trajectories})))}
         recorded = {hid: stored_harness(s, hid, home) for hid in {t.harness_id for t in trajectories}}
+        # another role's trajectories (a proposer's, under its own family's harness) keep their own verdicts
+        trajectories = [t for t in trajectories if recorded[t.harness_id].document.family == row.family]
         before = _verdicts(s, trajectories, recorded)
     family = get_family(harness.document.family)
     verdicts = [audit(t, tasks[t.task_id], harness, family, pairs.get(t.pair_id), recorded[t.harness_id])

@@ -69,11 +69,18 @@ def posed(responder: Responder, tasks: Sequence[Task], params: SamplingParams) -
 
 class RunParts(Protocol):
     """What a runner reads of the lineage run it serves (``rsi.run.Run`` is one): its config's ``runner``,
-    ``shards`` and ``backend``, its family, and its base (``rsi.run.base.Base``: ``backend`` and ``dir``)."""
+    ``shards`` and ``backend``, and its base (``rsi.run.base.Base``: ``backend`` and ``dir``); the family is each
+    harness's own."""
 
     config: Any
-    family: TaskFamily
     base: Any
+
+
+def family_of(harness: Harness) -> TaskFamily:
+    """The family a harness poses tasks of (a lineage's proposer harness is another family's than its solver's)."""
+    from rsi.tasks import get_family
+
+    return get_family(harness.document.family)
 
 
 def make_runner(run: RunParts) -> Runner:
@@ -91,15 +98,15 @@ class LocalRunner:
 
     def rollout(self, harness: Harness, tasks: Sequence[Task], pair_id: str, params: SamplingParams,
                 adapter: str | None = None) -> tuple[list[Trajectory], list[Task]]:
-        return posed(Responder(harness, self.run.base.backend, pair_id, adapter, self.run.family), tasks, params)
+        return posed(Responder(harness, self.run.base.backend, pair_id, adapter, family_of(harness)), tasks, params)
 
     def audit(self, harness: Harness, trajectories: Sequence[Trajectory], tasks: Mapping[str, Task],
               pair: Pair | None) -> list[Verdict]:
-        return [audit(t, tasks[t.task_id], harness, self.run.family, pair) for t in trajectories]
+        return [audit(t, tasks[t.task_id], harness, family_of(harness), pair) for t in trajectories]
 
     def evaluate(self, harness: Harness, pair_id: str, levels: Sequence[int], n: int, *, lineage_seed: int,
                  adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
-        return evaluate(Responder(harness, self.run.base.backend, pair_id, adapter, self.run.family), levels, n,
+        return evaluate(Responder(harness, self.run.base.backend, pair_id, adapter, family_of(harness)), levels, n,
                         lineage_seed=lineage_seed, split=split, agreement=agreement)
 
     def close(self) -> None:
@@ -159,10 +166,10 @@ class RayRunner:
                  adapter: str | None, split: Split, agreement: bool = False) -> list[LevelScore]:
         if agreement:
             raise UserError("label-free scoring (labels = 'majority') runs on the local runner: --runner local")
-        every, params = evaluation_tasks(harness, self.run.family, levels, n, lineage_seed=lineage_seed,
+        every, params = evaluation_tasks(harness, family_of(harness), levels, n, lineage_seed=lineage_seed,
                                          k=1, split=split)
         outcomes = {t.id: False for t in every}  # a task the harness cannot pose is not solved
-        tasks = posable(harness, self.run.family, every)
+        tasks = posable(harness, family_of(harness), every)
         parts = self._split_by_prompt(harness, tasks) if tasks else []
         for part in self._map(harness, _solve_shard, [([tasks[i] for i in p], pair_id, params, adapter) for p in parts]):
             outcomes |= part
@@ -207,7 +214,7 @@ class RayRunner:
     def _spec(self, harness: Harness) -> WorkerSpec:
         run = self.run
         return WorkerSpec(model_dir=str(run.base.dir), harness=str(harness.path), harness_hash=harness.hash,
-                          family=run.family.name)
+                          family=harness.document.family)
 
     def _connect(self) -> None:
         """Join ``RAY_ADDRESS`` or the head ``ray start`` left on this machine, else start one for this run."""

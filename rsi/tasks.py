@@ -47,6 +47,19 @@ def split_of_key(family: str, key: Any) -> Split:
 
 
 @dataclass(frozen=True)
+class Proposes:
+    """What a proposer family's accepted answers are: tasks of ``family``, each with the payload ``payload(answer)``
+    gives (the discover stage derives the task: its split, level and answer are the family's own)."""
+
+    family: str
+    payload: Callable[[Any], dict[str, Any]]
+    # hindsight: the proposer task an accepted ``answer`` answers (its ``asked`` payload rewritten to what the
+    # answer is, e.g. the level it has): the proposer learns each proposal as the answer to a request for what it
+    # wrote, not for what it was asked. None: the task it was asked.
+    answers: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
 class TaskFamily:
     """A verifiable task family: ``make(rng, level)`` draws (payload, answer); ``verify`` checks one answer.
 
@@ -64,6 +77,9 @@ class TaskFamily:
     solve: Callable[[dict[str, Any]], Any] | None = None  # the answer of any payload (derived tasks' gold)
     level_of: Callable[[dict[str, Any]], int] | None = None  # the level of any payload
     plans: dict[str, Plan] = field(default_factory=dict)  # decompositions a harness may name ([plan] name)
+    # Each plan's parameters and the values a harness search may try (``rsi.proposers.plans``), e.g.
+    # {"digit_chunks": {"chunk": (1, 2, ..., 8)}}: the family says what its plans take, the search picks.
+    plan_params: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
     # The payloads a person's message may pose, in any harness's format (the family proposes, a harness that
     # renders one of them back to exactly the message confirms it): the serving proxy runs a plan harness's
     # plan on the task a message poses (``rsi.mol.proxy``).
@@ -74,6 +90,14 @@ class TaskFamily:
     # A demonstration: the tool calls that solve a payload (the base model's pretraining episodes); called as
     # expert(payload, mistakes, rng): with mistakes > 0, at that rate per turn a wrong call the later ones mend.
     expert: Callable[[dict[str, Any], float, random.Random], list[Call]] | None = None
+    # Rules of the family's own that a harness's contract may list as ``family:<name>``: each gets the task and
+    # the parsed answer and returns (passed, detail); the auditor judges them like its own (``rsi.audit``).
+    rules: dict[str, Callable[[Task, Any], tuple[bool, str]]] = field(default_factory=dict)
+    # Jinja filters the family's harnesses' templates may use (an answer template that writes a worked answer,
+    # say): each gets what the template passes it. They render answers; a harness never answers with them.
+    filters: dict[str, Callable[..., str]] = field(default_factory=dict)
+    # A proposer's family: its tasks ask for a task of another family, which its accepted answers are.
+    proposes: Proposes | None = None
 
     def split_of(self, payload: dict[str, Any]) -> Split:
         return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)

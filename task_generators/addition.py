@@ -16,7 +16,7 @@ from rsi.basemodel import BOS_ID, EOS_ID, EVAL_STREAM, PAD_ID, TRAIN_STREAM, VOC
 from rsi.errors import UserError
 from rsi.hcp import Harness
 from rsi.models import Task
-from rsi.proposers import Proposal, Space, variant
+from rsi.proposers import NO_EVIDENCE, Evidence, Proposal, Space, variant
 from rsi.tasks import TaskFamily
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,6 +134,7 @@ family = TaskFamily(
     solve=solve,
     level_of=level_of,
     plans={"digit_chunks": digit_chunks},
+    plan_params={"digit_chunks": {"chunk": tuple(range(1, 9))}},
     read=read,
 )
 
@@ -143,7 +144,7 @@ PAD_PROMPT = "{{ task.a | digits_lsb(vars.width) }}+{{ task.b | digits_lsb(vars.
 PAD_ANSWER = "{{ answer | digits_lsb(vars.width + 1) }}"
 
 
-def formats(harness: Harness, space: Space) -> list[Proposal]:
+def formats(harness: Harness, space: Space, evidence: Evidence = NO_EVIDENCE) -> list[Proposal]:
     """Fixed-width reverse addition at each ``width`` of the space (``format`` "pad": operands and sum least
     significant digit first, zero-padded), with token limits sized to the width; and the harness as it is
     with the family's ``digit_chunks`` plan at each ``chunk`` of the space (a long addition posed as additions

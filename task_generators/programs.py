@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from rsi.models import Task
 from rsi.substrate import sandboxed
-from rsi.tasks import TaskFamily
+from rsi.tasks import Proposes, TaskFamily
 
 MAX_TOKENS = 64
 MAX_STEPS = 256
@@ -101,7 +101,9 @@ def run(program: str, x: int) -> Outcome:
         return _execute(tokens, x)
 
 
-def _execute(tokens: list[str | int | tuple[str, int]], x: int) -> Outcome:
+def _execute(tokens: list[str | int | tuple[str, int]], x: int, states: list[tuple[tuple[int, ...], int]] | None = None
+             ) -> Outcome:
+    """The run; ``states``, when given, gets the machine's state (stack, next token) after each operation or jump."""
     stack: list[int] = []
     pc = steps = 0
     while pc < len(tokens):
@@ -117,6 +119,8 @@ def _execute(tokens: list[str | int | tuple[str, int]], x: int) -> Outcome:
                 pc += offset
                 if not 0 <= pc <= len(tokens):
                     return Outcome(None, f"jump: {name}:{offset} lands outside the program", steps)
+            if states is not None:
+                states.append((tuple(stack), pc))
             continue
         if isinstance(token, int) or token == "x":
             stack.append(x if token == "x" else token)
@@ -138,9 +142,30 @@ def _execute(tokens: list[str | int | tuple[str, int]], x: int) -> Outcome:
             return Outcome(None, f"bound: a value beyond ±{BOUND} at step {steps}", steps)
         if len(stack) > MAX_STACK:
             return Outcome(None, f"stack: more than {MAX_STACK} values at step {steps}", steps)
+        if states is not None and not (isinstance(token, int) or token == "x"):
+            states.append((tuple(stack), pc))
     if not stack:
         return Outcome(None, "empty: the program ends with nothing on the stack", steps)
+    if states is not None:
+        states.append((tuple(stack), pc))  # the final stack
     return Outcome(stack[-1], None, steps)
+
+
+def worked(payload: dict[str, Any]) -> str:
+    """The run of a task written out, step by step (a worked answer, ``programs/v2``'s answer template): the
+    program with the input in place of ``x``, then after each operation or jump the machine's state (the stack,
+    bottom first, then the tokens still to run, ``x`` written as the input), states separated by ``" | "``; the
+    last state is the final stack, its last value the output. ``"x 3 add 4 mul"`` on 5:
+    ``"5 3 add 4 mul | 8 4 mul | 32"`` (a state that reads as the one before it is written once). Raises
+    ``ProgramError`` for a program without an output."""
+    tokens, x = parse(payload["program"]), payload["input"]
+    states: list[tuple[tuple[int, ...], int]] = []
+    outcome = _execute(tokens, x, states)
+    if outcome.output is None:
+        raise ProgramError(f"no output to work out: {outcome.error}")
+    code = [x if t == "x" else t for t in tokens]
+    written = [text(code), *(text([*stack, *code[pc:]]) for stack, pc in states)]
+    return " | ".join(w for i, w in enumerate(written) if not i or w != written[i - 1])  # a state once
 
 
 # ---- canonical form: what a program computes, without what changes nothing -------------------------------------
@@ -274,11 +299,21 @@ class Judged(NamedTuple):
 
 def judge_proposal(text: str, seen: Collection[str] = ()) -> Judged:
     """Judge a proposal ``PROGRAM ; x=N`` (what a proposer writes: a program and an input -99..99): it parses,
-    terminates within the step budget, stays within the value and stack bounds, has an output, gives the same
-    output on a second run, gives another output for some of 4 more inputs (drawn from a stream seeded by its
-    canonical program), its canonical program is not in ``seen`` (canonical programs proposed before) and falls
-    in the train split (never a held-out or test program rewritten). A rule that cannot be judged (the proposal
-    did not parse) fails with that reason."""
+    terminates within the step budget, stays within the value and stack bounds, has an output, gives the same output
+    on a second run, gives another output for some of 4 more inputs (0..9, the generator's, drawn from a stream
+    seeded by its canonical program), its canonical program is not in ``seen`` (canonical programs proposed before)
+    and falls in the train split (never a held-out or test program rewritten). A rule that cannot be judged (the
+    proposal did not parse) fails with that reason."""
+    judged = _judge(text)
+    if judged.canonical is None or judged.canonical not in seen:
+        return judged
+    novel = ("proposal_novel", False, f"proposed before: {judged.canonical!r}")
+    return judged._replace(rules=tuple(novel if r[0] == "proposal_novel" else r for r in judged.rules))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _judge(text: str) -> Judged:
+    """``judge_proposal`` with nothing seen before (each rule runs the program once: the auditor asks per rule)."""
     match = PROPOSAL.fullmatch(text.strip())
     try:
         canon = canonical(match["program"]) if match else None
@@ -295,14 +330,14 @@ def judge_proposal(text: str, seen: Collection[str] = ()) -> Judged:
     broken = {"budget": "proposal_terminates", "bound": "proposal_bounded", "stack": "proposal_bounded"}.get(
         (first.error or "").partition(":")[0], "proposal_runs") if first.error else None
     rng = random.Random(canon)
-    others = {run(payload["program"], rng.randint(-99, 99)).output for _ in range(4)}
+    others = {run(payload["program"], rng.randint(0, 9)).output for _ in range(4)}  # the generator's inputs
     rules = (("proposal_format", True, ""),
              *((rule, rule != broken, first.error if rule == broken else "")
                for rule in ("proposal_terminates", "proposal_bounded", "proposal_runs")),
              ("proposal_deterministic", first == second, "" if first == second else f"{first} then {second}"),
              ("proposal_depends_on_input", len(others - {None, first.output}) > 0,
               "" if others - {None, first.output} else "the same output (or none) on 4 other inputs"),
-             ("proposal_novel", canon not in seen, "" if canon not in seen else f"proposed before: {canon!r}"),
+             ("proposal_novel", True, ""),
              ("proposal_in_train", family.split_of(payload) == "train",
               f"its canonical program is a {family.split_of(payload)} program"
               if family.split_of(payload) != "train" else ""))
@@ -321,4 +356,49 @@ family = TaskFamily(
     split_key=split_key,
     solve=solve,
     level_of=level_of,
+    filters={"worked": worked},
+)
+
+
+# ---- the proposer's family: write a program and an input; judged by the rules above -----------------------------
+#
+# A task asks for a program of ``ops`` operations (``slot`` tells the prompts apart; the prompt shows only ``ops``).
+# Its answer is one reference proposal, a train-split program of the generator's and an input (what the base
+# model learns the proposer's role from); any proposal that passes the rules is as right. Novelty is the stage's
+# to judge (``proposal_novel`` needs the lineage's earlier proposals): the contract judges the others.
+
+CONTRACT_RULES = tuple(rule for rule in PROPOSAL_RULES if rule != "proposal_novel")
+
+
+def make_proposal(rng: random.Random, level: int) -> tuple[dict[str, Any], str]:
+    while True:
+        payload, _ = make(rng, level)
+        text = f"{payload['program']} ; x={payload['input']}"
+        if _judge(text).accepted:  # a train-split program whose output differs on the judge's other inputs
+            return {"ops": level, "slot": rng.randrange(1 << 30)}, text
+
+
+def _rule(name: str):
+    def check(task: Task, answer: Any) -> tuple[bool, str]:
+        _, passed, detail = next(r for r in judge_proposal(str(answer)).rules if r[0] == name)
+        return passed, detail
+
+    check.__doc__ = f"The proposal passes {name} (``judge_proposal``)."
+    return check
+
+
+proposals = TaskFamily(
+    name="program_proposals",
+    version="1",
+    description="Propose a stack-machine program and an input (the programs lineage's proposer role); judged by "
+                "the executor's rules, not against one answer.",
+    make=make_proposal,
+    verify=lambda task, answer: isinstance(answer, str) and all(
+        passed for rule, passed, _ in judge_proposal(answer).rules if rule in CONTRACT_RULES),
+    min_level=1,
+    max_level=MAX_LEVEL,
+    level_of=lambda payload: payload["ops"],
+    rules={rule: _rule(rule) for rule in CONTRACT_RULES},
+    proposes=Proposes("programs", lambda answer: judge_proposal(answer).payload,
+                      answers=lambda asked, answer: {**asked, "ops": _judge(answer).level}),
 )

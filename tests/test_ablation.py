@@ -134,7 +134,8 @@ def test_a_lineage_that_trains_no_weights_searches_harnesses_for_the_untrained_b
     from .test_cycle import run_tiny, seed_home
 
     seed_home(rsi_home, tiny_base)
-    summaries, _ = run_tiny(1, train={"steps": 0}, harness_search={"space": {"chunk": [2]}})
+    search = {"space": {"chunk": [2]}, "proposers": ["addition"], "screen_margin": -1.0}  # the screen only ranks
+    summaries, _ = run_tiny(1, train={"steps": 0}, harness_search=search)
     (searched,) = summaries
     assert [c.harness.split(".")[1].split("-")[0] for c in searched.harness_candidates] == ["chunks2"]
     assert searched.gate in ("promoted", "rejected") and searched.train_seconds is not None

@@ -38,6 +38,19 @@ def test_the_search_runs_when_the_harness_holds_progress_back_or_every_k(plan, u
     assert not wants_search(spec.model_copy(update={"enabled": False}), found(plan, unposable), number, stalled)
 
 
+@pytest.mark.parametrize(("failed", "wanted"), [
+    ({"limit_hit": 6, "wrong_answer": 4}, True),  # most failures are cut replies: an operator answers them
+    ({"format_violation": 5, "wrong_answer": 5}, True),
+    ({"format_violation": 2, "wrong_answer": 8}, False),  # mostly wrong answers: the weights' to mend
+    ({"wrong_answer": 10}, False), ({}, False), (None, False),
+])
+def test_the_search_also_runs_when_the_last_audit_failed_mostly_for_causes_an_operator_answers(failed, wanted):
+    from rsi.flows.cycle import wants_search
+    from rsi.run import HarnessSearchSpec
+
+    assert wants_search(HarnessSearchSpec(), found([5], {}), 7, False, failed) is wanted
+
+
 def test_proposals_are_valid_distinct_and_never_the_harness_itself(tmp_path) -> None:
     from rsi.store import open_store
     from rsi.store.harnesses import store_new
@@ -69,10 +82,11 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     from .test_cycle import run_tiny, seed_home
 
     from .test_cycle import PROMOTING
+    from rsi.run.config import OPERATORS
 
     seed_home(rsi_home, tiny_base)
-    search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]},
-              "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
+    search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]}, "proposers": ["addition", *OPERATORS],
+              "gates": 3, "screen_margin": -1.0, "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
     summaries, _ = run_tiny(3, harness_search=search, **PROMOTING)
     assert summaries[0].gate == "promoted"
     searched = summaries[1]
@@ -90,7 +104,7 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     client = MlflowClient(get_settings().mlflow_uri)
     versions = [v for v in client.search_model_versions("name = 'rsi-addition'") if v.tags["generation"] == "2"]
     candidates = [v for v in versions if "harness_candidate" in v.tags]
-    tried = sorted(c.harness for c in searched.harness_candidates)
+    tried = sorted(c.harness for c in searched.harness_candidates)  # the screen only ranks: all three gated
     assert sorted(v.tags["harness_id"] for v in candidates) == tried
     champion = client.get_model_version("rsi-addition", summaries[0].version)
     for v in candidates:

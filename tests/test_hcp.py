@@ -465,7 +465,7 @@ def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) 
     shutil.copytree(v2, copy)
     assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
     for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
-        with pytest.raises(UserError, match=r"shipped: addition/smollm2-v1, addition/v1, addition/v2, programs/v1, sorting/v1\. Pass a harness directory"):
+        with pytest.raises(UserError, match=r"shipped: addition/smollm2-v1, addition/v1, addition/v2, program_proposals/v1, programs/v1, programs/v2, sorting/v1\. Pass a harness directory"):
             resolve_harness(bad)
 
 

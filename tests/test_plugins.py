@@ -167,12 +167,18 @@ def test_a_selection_policy_from_another_package_chooses_the_examples(install) -
 def test_a_field_added_at_its_default_keeps_the_stored_lineages_keys() -> None:
     """Every stage result is stored under a key that includes the config's digest: a config field added later
     (``selection.policy``) leaves the digest of a config at its default as it was, so an existing RSI_HOME
-    continues its lineage instead of redoing its stages. The digest below is the tiny profile's before the field."""
+    continues its lineage instead of redoing its stages. The digest below is the tiny profile's before the field,
+    with the harness proposers it had then (the default was ``addition``'s enumeration until the generic operators
+    replaced it: a changed default is a changed config, and its digest changes)."""
     from rsi.run import load_config
 
     tiny = "650afb8a5ade21d32632a67e6cd84f80c79b7ac5189360521b5826f6844ae559"
-    assert load_config("tiny").digest == tiny
-    assert load_config("tiny", selection={"policy": "distinct_passed"}).digest == tiny
+    before = {"harness_search": {"proposers": ["addition"]}}
+    assert load_config("tiny", **before).digest == tiny
+    assert load_config("tiny", selection={"policy": "distinct_passed"}, **before).digest == tiny
+    assert load_config("tiny", harness_search={"proposers": ["addition"], "gates": 2, "screen_n": 32},
+                       start_adapter=None).digest == tiny  # the search's later fields, at their defaults
+    assert load_config("tiny").digest != tiny
 
 
 def test_a_family_package_ships_its_profile(install, tmp_path: Path) -> None:

@@ -84,6 +84,56 @@ def test_an_answer_familys_demonstration_is_its_prompt_and_right_answer() -> Non
     assert demo.messages[1].content == str(task.answer)
 
 
+@pytest.mark.parametrize(("program", "x", "written"), [
+    ("x 3 add 4 mul 2 sub", 5, "5 3 add 4 mul 2 sub | 8 4 mul 2 sub | 32 2 sub | 30"),
+    ("x dup mul", 3, "3 dup mul | 3 3 mul | 9"),
+    ("x 2 swap sub", 7, "7 2 swap sub | 2 7 sub | -5"),
+    ("x jz:2 1 jmp:1 2", 4, "4 jz:2 1 jmp:1 2 | 1 jmp:1 2 | 1"),  # x != 0: on to 1, then over the 2
+    ("x 3 add 5", 1, "1 3 add 5 | 4 5"),  # the last state is the final stack: 5 on top
+    ("x", 4, "4"),
+])
+def test_a_worked_answer_writes_each_state_of_the_run(program: str, x: int, written: str) -> None:
+    assert programs.worked({"program": program, "input": x}) == written
+
+
+def test_the_worked_harness_teaches_the_run_and_reads_its_output() -> None:
+    """programs/v2: the base learns the run written out (the family's `worked` filter in the answer template),
+    and the auditor reads the output from the last state; a run that does not end in integers has no answer."""
+    from rsi.audit import audit
+    from rsi.backends.base import SamplingParams
+    from rsi.pair import Responder
+    from rsi.parsers import parse_worked_integer
+
+    from .fakes import FakeModel
+
+    harness, family = load_harness("programs/v2"), get_family("programs")
+    for level in (1, 3, 8):
+        task = family.tasks("test", 0, level, 1)[0]
+        demo = demonstration(harness, family, task)
+        assert demo.messages[1].content == programs.worked(task.payload)
+        assert demo.messages[1].content.count(" | ") >= level
+        wrong = demo.messages[1].content.rsplit(" ", 1)[0] + f" {task.answer + 1}"  # the run right, its end not
+        pair = Responder(harness, FakeModel(lambda p, k: [demo.messages[1].content, wrong][k]), "pair", family=family)
+        right_reply, wrong_reply = pair.episodes([task], SamplingParams(n=2, max_new_tokens=640, temperature=1.0))
+        assert audit(right_reply, task, harness, family).passed
+        assert audit(wrong_reply, task, harness, family).failed_rules() == ["answer_correct"]
+    assert parse_worked_integer("5 3 add | 8").value == 8 and parse_worked_integer("4 5").value == 5
+    assert not parse_worked_integer("5 3 add | 8 add").ok and not parse_worked_integer("5 3 add |").ok
+
+
+def test_rsi_run_programs_starts_under_the_harness_its_base_learned() -> None:
+    """The programs profile names programs/v1 (its base learned v1's answers); programs/v2 is shipped too and is
+    the family's newest, so a run that took the newest would score the base under a format it never saw. A
+    harness named on the command line wins; a family whose profile names none starts under its newest."""
+    from rsi.run import latest_harness, load_config, starting_harness
+
+    assert latest_harness("programs") == "harness_versions/programs/v2"
+    assert starting_harness("programs") is None
+    assert load_config("programs", harness=starting_harness("programs")).harness.endswith("programs/v1")
+    assert starting_harness("programs", harness="programs/v2") == "programs/v2"
+    assert starting_harness("addition") == latest_harness("addition") == "harness_versions/addition/v2"
+
+
 @pytest.mark.parametrize(("proposal", "rule"), [
     ("x 3 add", "proposal_format"), ("x 3 print ; x=4", "proposal_format"), ("x 3 add ; x=400", "proposal_format"),
     ("x jmp:-1 ; x=4", "proposal_terminates"),

@@ -24,6 +24,9 @@ CONTRACT_RULES = (
     "no_extra_content",
     "answer_correct",
 )
+# A family's own rules (``TaskFamily.rules``) are listed as ``family:<name>``; loading checks the family declares
+# each one (``rsi.hcp.load``), the auditor judges them (``rsi.audit``).
+FAMILY_RULE = "family:"
 # A harness that exposes tools must list these: the auditor replays every call on the family's environment.
 EPISODE_RULES = ("tools_allowed", "results_replayed", "states_replayed")
 # Without these a verdict means nothing: the task is authentic, the model saw the harness's prompt and
@@ -191,9 +194,10 @@ class Contract(Section):
         required = required_rules(info.data.get("version", ""))
         if not rules:
             raise ValueError(f"no rules: such a contract passes every trajectory; list at least {list(required)}")
-        unknown = sorted(set(rules) - set(CONTRACT_RULES))
+        unknown = sorted(r for r in set(rules) - set(CONTRACT_RULES) if not r.startswith(FAMILY_RULE))
         if unknown:
-            raise ValueError(f"unknown rules {unknown}; expected a subset of {list(CONTRACT_RULES)}")
+            raise ValueError(f"unknown rules {unknown}; expected a subset of {list(CONTRACT_RULES)} or the family's "
+                             f"own rules as '{FAMILY_RULE}<name>'")
         duplicates = sorted({r for r in rules if rules.count(r) > 1})
         if duplicates:
             raise ValueError(f"rules {duplicates} listed more than once; list each rule once")

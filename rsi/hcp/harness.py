@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple
 from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from rsi import plugins
 from rsi.errors import UserError
 from rsi.hashing import digest, digest_bytes
 from rsi.hcp.document import LATER_FIELDS, HCPDocument
@@ -17,10 +18,16 @@ from rsi.parsers import digits_lsb
 
 
 
-def template_env() -> ImmutableSandboxedEnvironment:
-    """The only environment harness templates are rendered in: sandboxed, strict about undefined names."""
+def template_env(family: str | None = None) -> ImmutableSandboxedEnvironment:
+    """The only environment harness templates are rendered in: sandboxed, strict about undefined names; with
+    ``family``, its filters too (``TaskFamily.filters``; an unknown family has none: the document's check names
+    it)."""
     env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
     env.filters["digits_lsb"] = digits_lsb
+    if family is not None and family in plugins.names("family"):
+        from rsi.tasks import get_family
+
+        env.filters.update(get_family(family).filters)
     return env
 
 
@@ -47,7 +54,7 @@ class Harness:
         self.document = document
         self.sources = sources
         self.warnings = warnings  # legacy but loadable: the CLI shows these
-        env = template_env()
+        env = template_env(document.family)
         self._templates = {name: env.from_string(src) for name, src in sources.items()}
 
     @property

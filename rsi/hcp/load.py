@@ -13,8 +13,9 @@ from jinja2 import TemplateSyntaxError, meta, nodes
 from pydantic import BaseModel, ValidationError
 
 from rsi.errors import UserError
-from rsi.hcp.document import (ANSWER_NAMES, EPISODE_RULES, LEGACY_CONTRACTS, PLAN_LEVELS, SAMPLE_LEVELS,
-                              SAMPLE_SEED, SAMPLE_TASKS, TEMPLATE_FIELDS, TEMPLATE_NAMES, TOOL_NAMES, HCPDocument)
+from rsi.hcp.document import (ANSWER_NAMES, EPISODE_RULES, FAMILY_RULE, LEGACY_CONTRACTS, PLAN_LEVELS,
+                              SAMPLE_LEVELS, SAMPLE_SEED, SAMPLE_TASKS, TEMPLATE_FIELDS, TEMPLATE_NAMES, TOOL_NAMES,
+                              HCPDocument)
 from rsi.hcp.harness import Harness, TemplateRenderError, template_env
 from rsi.hcp.plays import calls_with_gold, demonstration
 from rsi.models import Task
@@ -114,7 +115,7 @@ def _check_template(path: Path, field: str, rel: str, doc: HCPDocument) -> str:
         source = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{file}: field '{where}': template is not UTF-8 text") from None
-    env = template_env()
+    env = template_env(doc.family)
     try:
         ast = env.parse(source, name=rel)
     except TemplateSyntaxError as exc:
@@ -260,12 +261,23 @@ def load_harness(path: str | Path) -> Harness:
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
     warnings += (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
     harness = Harness(file, doc, sources, warnings)
+    _check_family_rules(file, doc)
     _check_renders(file, harness)
     if doc.plan is not None:
         _check_plan(file, harness)
     if doc.tools:
         _check_episodes(file, harness)
     return harness
+
+
+def _check_family_rules(path: Path, doc: HCPDocument) -> None:
+    """Every ``family:<name>`` rule of the contract is one the family declares."""
+    asked = [r.removeprefix(FAMILY_RULE) for r in doc.contract.rules if r.startswith(FAMILY_RULE)]
+    family = get_family(doc.family) if asked else None
+    unknown = [name for name in asked if name not in family.rules]
+    if unknown:
+        raise UserError(f"{path}: field 'contract.rules': family {doc.family!r} declares no rule {unknown[0]!r} "
+                        f"(its rules: {', '.join(FAMILY_RULE + r for r in family.rules) or 'none'})")
 
 
 def _check_episodes(path: Path, harness: Harness) -> None:

@@ -3,6 +3,7 @@ stage ledger's results and the scores. The stages themselves read top to bottom 
 
 from rsi.run.config import (
     PROFILES, CycleConfig, HarnessSearchSpec, deep_merge, latest_harness, load_config, parse_sets, profile_for,
+    starting_harness,
 )
 from rsi.run.context import Run, RunContext, open_run
 from rsi.run.lease import holding_lease, keep_alive
@@ -15,5 +16,5 @@ __all__ = [
     "PROFILES", "Audited", "Champion", "CycleConfig", "Discovered", "Executed", "GenerationSummary",
     "HarnessCandidate", "HarnessSearchSpec", "Judged", "Registered", "Run", "RunContext", "Searched", "Selected",
     "Trained", "deep_merge", "holding_lease", "keep_alive", "latest_harness", "load_config", "open_run",
-    "parse_sets", "profile_for", "read_result",
+    "parse_sets", "profile_for", "read_result", "starting_harness",
 ]

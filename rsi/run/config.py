@@ -18,10 +18,18 @@ from rsi.select import SelectionSpec
 from rsi.train import TrainSpec
 
 
-# Fields added to a config section after lineages were stored under it, with the default that does what the
-# code did before them: left out of the digest at that default, so those lineages' stage keys stay valid.
-ADDED_AT_DEFAULT = (("selection", "policy", "distinct_passed"),)
+# Fields added to a config section (None: the top level) after lineages were stored under it, with the default
+# that does what the code did before them: left out of the digest at that default, so those lineages' stage keys
+# stay valid.
+ADDED_AT_DEFAULT = (("selection", "policy", "distinct_passed"),
+                    (None, "proposer", {"source": "generator", "harness": "", "tasks_per_level": 16}),
+                    (None, "start_adapter", None), ("harness_search", "on_failures", 0.5),
+                    ("harness_search", "screen_n", 32), ("harness_search", "probe_samples", 2),
+                    ("harness_search", "gates", 2), ("harness_search", "screen_margin", 0.0))
 Labels = Literal["verified", "unverified", "truth", "majority"]
+
+
+OPERATORS = ("token_limits", "step_limits", "answer_params", "template_endings", "pose_levels", "plan_params")
 
 
 class HarnessSearchSpec(BaseModel):
@@ -32,13 +40,42 @@ class HarnessSearchSpec(BaseModel):
     enabled: bool = True
     every: int = Field(0, ge=0, description="also search every K generations (0: only when the champion's "
                        "harness cannot pose the level the curriculum targets)")
-    proposers: tuple[str, ...] = Field(("addition",), description="registered harness proposers (rsi.proposers)")
+    proposers: tuple[str, ...] = Field(OPERATORS, description=(
+        "registered harness proposers (rsi.proposers): the generic operators, each keyed to a failure cause, and "
+        "any a family ships"))
     space: dict[str, list[JsonValue]] = Field(default_factory=lambda: {"width": [16]},
                                               description="knob -> values; each proposer reads its own knobs")
     migration: TrainSpec = Field(TrainSpec(steps=300, frontier_fraction=1.0), description=(
         "LoRA training from the champion's adapter on its own verified answers re-rendered under the candidate "
         "(when the candidate's prompt or answer format differs)"))
     examples_per_level: int = Field(512, ge=1, description="migration: verified answers per level")
+    on_failures: float = Field(0.5, gt=0.0, le=1.0, description=(
+        "also search when at least this share of the last audit's failed tasks failed for a cause an operator "
+        "answers (limit_hit, format_violation, step_limit, tool_misuse)"))
+    screen_n: int = Field(32, ge=1, description="screen tasks a level (held-out, a stream apart from the gate's)")
+    probe_samples: int = Field(2, ge=1, description="samples of each screen task the parent is probed with")
+    gates: int = Field(2, ge=1, description="candidates a search sends to the full gate: the screen's best that "
+                       "beat the parent on the screen")
+    screen_margin: float = Field(0.0, ge=-1.0, le=1.0, description=(
+        "a candidate goes on to the gate only where its screen accuracy (mean over levels) exceeds the parent's by "
+        "more than this; -1: the screen only ranks"))
+
+
+class ProposerSpec(BaseModel):
+    """Where a generation's training tasks come from: the family's generator, or the pair itself proposing them
+    under a proposer harness (its family's rules judge each proposal; ``rsi.run.proposals``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Literal["generator", "self", "frozen"] = Field("generator", description=(
+        "generator: the family's own tasks at the curriculum's levels. self: the champion proposes them under "
+        "`harness` (the same adapter as the solver, its role told by the prompt), and learns from its proposals "
+        "the solver found learnable (solve rate within selection.band). frozen: the untrained base proposes, "
+        "and the proposer never trains (an ablation arm: the filter without a proposer that improves)"))
+    harness: str = Field("", description="the proposer's harness (required unless source is generator): a harness "
+                         "of a family that declares what it proposes (TaskFamily.proposes)")
+    tasks_per_level: int = Field(16, ge=1, description="proposer prompts per curriculum level, each sampled the "
+                                 "proposer harness's decoding.samples times")
 
 
 class CycleConfig(BaseModel):
@@ -53,6 +90,9 @@ class CycleConfig(BaseModel):
     backend: str = Field("hf", description="hf (in process) or openai (rsi's vLLM engine), or another package's "
                          "(rsi.plugins kind 'backend')")
     warm_start: Literal["parent", "base"] = "parent"
+    start_adapter: str | None = Field(None, description=(
+        "a LoRA adapter (directory) on this base the lineage starts from instead of the bare base: a lineage's "
+        "champion, say (`rsi harness repair --lineage`)"))
     base_recipe: dict[str, Any] = Field(default_factory=dict, description="overrides of BaseRecipe's defaults")
     replay_tasks_per_level: int = Field(64, ge=0, description="tasks per mastered level, verified, against forgetting")
     eval_n: int = Field(256, ge=1, description="held-out tasks per level")
@@ -62,6 +102,7 @@ class CycleConfig(BaseModel):
     train: TrainSpec = TrainSpec()
     gate: GateSpec = GateSpec()
     harness_search: HarnessSearchSpec = HarnessSearchSpec()
+    proposer: ProposerSpec = ProposerSpec()
     generations: int = Field(12, ge=1)
     target_level: int = Field(9, ge=1, description="stop once every level up to this one is mastered")
     plateau: int = Field(3, ge=1, description="stop after this many rejected candidates in a row")
@@ -78,6 +119,13 @@ class CycleConfig(BaseModel):
                         "'runner')")
     shards: int = Field(0, ge=0, description="ray runner: shards per stage (0: one per CPU of the Ray cluster)")
 
+    @field_validator("proposer")
+    @classmethod
+    def _proposer_harness(cls, spec: ProposerSpec) -> ProposerSpec:
+        if spec.source != "generator" and not spec.harness:
+            raise ValueError(f"proposer.source {spec.source!r} needs proposer.harness (the proposer's harness)")
+        return spec
+
     @field_validator("backend", "runner")
     @classmethod
     def _registered(cls, name: str, info: ValidationInfo) -> str:
@@ -89,8 +137,9 @@ class CycleConfig(BaseModel):
         results as any other), so a lineage started with one runner continues under another."""
         data = self.model_dump(mode="json", exclude={"runner", "shards"})
         for section, field, default in ADDED_AT_DEFAULT:  # so a lineage begun before such a field keeps its keys
-            if data[section][field] == default:
-                del data[section][field]
+            where = data if section is None else data[section]
+            if where[field] == default:
+                del where[field]
         return digest(data)
 
 
@@ -118,6 +167,14 @@ def latest_harness(family: str) -> str:
     from rsi.hcp import resolve_harness, shipped_harnesses
 
     return str(resolve_harness(family).relative_to(shipped_harnesses().parent))
+
+
+def starting_harness(family: str, profile: str | None = None, harness: str | None = None) -> str | None:
+    """The harness ``rsi run FAMILY`` starts under: the one named; else None where the run's profile (the one
+    named, or the family's own) names a harness, which then applies (smollm2's is a chat harness, programs' the one
+    its base learned, not the newest shipped); else the family's newest shipped version."""
+    return harness or (None if "harness" in plugins.get("profile", profile_for(profile, family))
+                       else latest_harness(family))
 
 
 def load_config(profile: str | None = "demo", **overrides: Any) -> CycleConfig:

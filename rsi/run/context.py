@@ -6,8 +6,9 @@ A stage takes the ``Run`` of its process and ids; any process rebuilds the same 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,10 +22,12 @@ from rsi.run.base import Base
 from rsi.run.config import CycleConfig
 from rsi.run.data import TrainingData
 from rsi.run.judge import Judge
+from rsi.run.proposals import Proposer
 from rsi.run.register import Registrar
 from rsi.run.harnesses import Harnesses
 from rsi.run.results import STAGE_RESULTS, Champion, read_result
 from rsi.run.scores import Scores
+from rsi.run.screen import Screen
 from rsi.run.training import Training
 from rsi.store import Store, open_store
 from rsi.store.leases import Fence
@@ -82,6 +85,9 @@ class Run:
         self.registry = LineageRegistry(settings, config.lineage)
         self.runner = make_runner(self)  # where execute, audit and evaluation run (rsi.runners)
         self.scores = Scores(config, self.fence, self.runner, self.harnesses)
+        search = config.harness_search
+        self.screen = Screen(self.runner, self.family, config.seed, search.screen_n, search.probe_samples)
+        self.proposer = Proposer(config, self.family, self.ledger, self.runner, self.pair)  # where tasks come from
         self.data = TrainingData(self.ledger, self.harnesses, self.family)
         self.judge = Judge(config, self.ledger, self.scores, self.harnesses, self.family, self.pair,
                            self.champions)
@@ -96,12 +102,13 @@ class Run:
                     harness_hash=harness.hash)
 
     def champion(self, number: int) -> Champion:
-        """The pair generation ``number`` starts from: the latest promoted candidate before it, else the base."""
-        return champion_before(self.ledger, self.pair(None), number)
+        """The pair generation ``number`` starts from: the latest promoted candidate before it, else the start."""
+        return champion_before(self.ledger, start_pair(self.config.start_adapter, self.pair), number,
+                               self.config.start_adapter)
 
     def champions(self) -> list[str]:
-        """The base pair and every promoted candidate, in lineage order."""
-        return champion_pairs(self.ledger, self.pair(None).id)
+        """The start pair and every promoted candidate, in lineage order."""
+        return champion_pairs(self.ledger, start_pair(self.config.start_adapter, self.pair).id)
 
     def close(self) -> None:
         self.runner.close()
@@ -109,8 +116,22 @@ class Run:
         self.store.dispose()
 
 
-def champion_before(ledger: Ledger, base: Pair, number: int) -> Champion:
-    """The latest promoted candidate of a generation before ``number``, else the ``base`` pair."""
+def start_pair(adapter: str | None, pair: Callable[[str | None], Pair]) -> Pair:
+    """The base with the lineage's ``start_adapter`` (none: the bare base) under its first harness (``pair``: the
+    run's, adapter hash -> pair)."""
+    if adapter is None:
+        return pair(None)
+    from rsi.train import adapter_hash
+
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise UserError(f"start_adapter {adapter}: no adapter_config.json there; give the directory of a LoRA "
+                        "adapter trained on this base (a lineage's champion: `rsi lineage show`)")
+    return pair(adapter_hash(Path(adapter)))
+
+
+def champion_before(ledger: Ledger, base: Pair, number: int, adapter_dir: str | None = None) -> Champion:
+    """The latest promoted candidate of a generation before ``number``, else the ``base`` pair (with
+    ``adapter_dir``, the lineage's start adapter, where it has one)."""
     for row in reversed(ledger.finished()):
         if row.number < number and row.status == "promoted":
             # a finished generation has both results: register commits them with its status
@@ -119,8 +140,8 @@ def champion_before(ledger: Ledger, base: Pair, number: int) -> Champion:
             return Champion(pair_id=row.candidate_pair_id, adapter_dir=trained.adapter_dir,
                             version=registered.version, generation=row.number, harness_id=pair.harness_id,
                             harness_hash=pair.harness_hash)
-    ledger.save_pair(base, None, None)
-    return Champion(pair_id=base.id, adapter_dir=None, version="base", generation=0,
+    ledger.save_pair(base, adapter_dir, None)
+    return Champion(pair_id=base.id, adapter_dir=adapter_dir, version="start" if adapter_dir else "base", generation=0,
                     harness_id=base.harness_id, harness_hash=base.harness_hash)
 
 

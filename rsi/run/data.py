@@ -15,6 +15,7 @@ from rsi.hcp import Harness
 from rsi.migrate import rerender, true_example
 from rsi.models import Trajectory
 from rsi.run.harnesses import Harnesses
+from rsi.run.proposals import proposal_example
 from rsi.run.results import Selected
 from rsi.select import Dataset, Example
 from rsi.store.ledger import Ledger
@@ -59,6 +60,9 @@ class TrainingData:
         examples = []
         for t, source in zip(trajectories, sources, strict=True):
             sampled_under = self.harnesses.of(t.harness_id)
+            if harness is not None and sampled_under.document.family != harness.document.family:
+                examples.append(proposal_example(t, tasks[t.task_id], sampled_under, source))
+                continue  # another role's example (a proposal): its own harness
             examples.append(true_example(t, tasks[t.task_id], harness or sampled_under, self.family, source)
                             if filters.get("labels") == "truth"
                             else rerender(t, tasks[t.task_id], sampled_under, harness or sampled_under, source))
@@ -82,8 +86,10 @@ class TrainingData:
             rows = verified_answers(s, self.ledger.lineage)
         chosen, tasks_seen, per = [], set(), Counter()
         for traj_id, task_id, harness_id, level, verdict_hash in rows:
-            if verdict_hash != self.harnesses.of(harness_id).hash or task_id in tasks_seen or per[level] >= per_level:
-                continue  # verified under its own contract only; one answer per task
+            harness = self.harnesses.of(harness_id)
+            if harness.document.family != self.family.name or verdict_hash != harness.hash or task_id in tasks_seen \
+                    or per[level] >= per_level:
+                continue  # this family's answers, verified under their own contract only; one answer per task
             tasks_seen.add(task_id)
             per[level] += 1
             chosen.append(traj_id)

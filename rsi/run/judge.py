@@ -4,7 +4,7 @@ rules, and, once judged, its gain over the parent split into weights, harness an
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rsi.decomposition import Decomposition, decompose_levels
@@ -102,12 +102,20 @@ class Judge:
         return dict(out)
 
 
-def wants_search(spec: HarnessSearchSpec, found: Discovered, number: int, stalled: bool) -> bool:
+def wants_search(spec: HarnessSearchSpec, found: Discovered, number: int, stalled: bool,
+                 failed: Mapping[str, int] | None = None) -> bool:
     """Search when the harness holds progress back: it cannot pose a level the curriculum wants (attributed
     ``not_posable``), and that is the target level itself or the last candidate was rejected (``stalled``:
-    the levels it can pose stopped improving). Also every ``spec.every`` generations."""
+    the levels it can pose stopped improving); or, in the last audit (``failed``: failed tasks per cause), at
+    least ``spec.on_failures`` of the failed tasks failed for a cause an operator answers (a cut reply, a
+    format the parser refuses, a step limit). Also every ``spec.every`` generations."""
     held_back = bool(found.unposable) and (not found.plan or stalled)
-    return spec.enabled and (held_back or (spec.every > 0 and number % spec.every == 0))
+    answerable = sum(n for cause, n in (failed or {}).items() if cause in ANSWERABLE)
+    failing = answerable > 0 and answerable >= spec.on_failures * sum((failed or {}).values())
+    return spec.enabled and (held_back or failing or (spec.every > 0 and number % spec.every == 0))
+
+
+ANSWERABLE = ("limit_hit", "format_violation", "step_limit", "tool_misuse")  # causes the generic operators read
 
 
 def pass_rates(trajectories: Sequence[Trajectory], tasks: dict[str, Task],

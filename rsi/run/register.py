@@ -23,7 +23,7 @@ class Registrar:
         self.registry, self.ledger, self.harnesses, self.base, self.judge = registry, ledger, harnesses, base, judge
 
     def candidate(self, number: int, champ: Champion, dataset_digest: str, trained: Trained, judged: Judged,
-                  why: str = "", adopted: bool = True) -> tuple[str, str]:
+                  why: str = "", adopted: bool = True, made_by: tuple[str, str, str] = ("", "", "")) -> tuple[str, str]:
         """One candidate pair as an MLflow model version (adapter + harness, base referenced) with the lineage's
         tags, its evidence and its gain decomposition; returns (version, model URI). ``why``: a candidate
         harness's reason to exist; ``adopted`` False: a searched candidate not taken (rejected, or passed the
@@ -39,6 +39,9 @@ class Registrar:
             "gate_reasons": "; ".join(judged.decision.reasons)[:4000]}
         if why:
             tags["harness_candidate"] = why
+            operator, cause, drawn_from = made_by  # the archive's edge: the operator, the failure cause, the parent
+            tags |= {"harness_operator": operator, "harness_cause": cause,
+                     "harness_drawn_from": drawn_from} if operator else {}
         if judged.decision.promote and not adopted:
             tags["gate_note"] = "passed the gate; another candidate of the search scored higher and was adopted"
         decomposition = self.judge.decompose(number, champ, trained.adapter_dir, judged)

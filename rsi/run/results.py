@@ -34,6 +34,32 @@ class StageResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Proposal(BaseModel):
+    """One proposal: the proposer's trajectory, what it wrote, its verdict (the first rule it failed, None when
+    accepted), and for an accepted one the solver's task it became (in the canonical program's level)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trajectory_id: str
+    text: str
+    rejected_by: str | None
+    detail: str = ""
+    task_id: str | None = None
+    level: int | None = None
+    key: str | None = Field(None, description="what makes two proposals one task (rsi.run.proposals.key_of)")
+
+
+class Proposed(StageResult):
+    """The pair's proposals under the proposer harness, each audited, and the tasks the accepted ones became
+    (what execute runs instead of the generator's): part of the discover stage's result."""
+
+    proposer_pair_id: str
+    proposals: tuple[Proposal, ...]
+    task_ids: tuple[str, ...]
+    rejected_by_rule: dict[str, int]
+    seconds: float
+
+
 class Discovered(StageResult):
     accuracy: dict[int, float] = Field(description="the champion's held-out greedy accuracy per level")
     frontier: int = Field(description="every level up to this one is mastered")
@@ -43,6 +69,7 @@ class Discovered(StageResult):
     replay_levels: tuple[int, ...]
     unposable: dict[int, int] = Field(default_factory=dict, description=(
         "levels the curriculum wanted that the champion's harness cannot pose -> tasks it wanted there"))
+    proposed: Proposed | None = Field(None, description="the pair's proposals (None: the generator's tasks)")
 
 
 class Executed(StageResult):
@@ -104,14 +131,35 @@ class HarnessCandidate(BaseModel):
         "the migration, or the champion's adapter unchanged (0 steps) when replies look as under the champion's "
         "harness; None in results stored before rsi paired such candidates"))
     judged: Judged
+    operator: str = Field("", description="the proposer that made it ('' in results stored before rsi kept it)")
+    cause: str = Field("", description="the failure cause it answers ('' for a proposer that reads only the space)")
+    screen: dict[int, float] = Field(default_factory=dict, description="its screen accuracy per level")
+
+
+class Screened(BaseModel):
+    """A candidate the screen did not send to the gate: kept in the archive with its scores, to be tried again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness_id: str
+    harness_hash: str
+    why: str
+    operator: str
+    cause: str
+    screen: dict[int, float]
 
 
 class Searched(StageResult):
     parent_harness: str
     dataset: str = Field(description="digest of the migration set: the lineage's verified trajectories")
     size: int
-    candidates: tuple[HarnessCandidate, ...]
+    candidates: tuple[HarnessCandidate, ...] = Field(description="the candidates the full gate judged")
     adopted: int | None = Field(description="index of the candidate the gate promotes, if any")
+    parent_hash: str = Field("", description="the parent harness's hash ('' in results stored before the archive)")
+    champion: str = Field("", description="the champion pair whose adapter the candidates carry")
+    evidence: dict[str, int] = Field(default_factory=dict, description="the parent's probe: failed samples per cause")
+    parent_screen: dict[int, float] = Field(default_factory=dict, description="the parent's screen accuracy")
+    screened: tuple[Screened, ...] = Field((), description="candidates screened out before the gate")
 
 
 STAGE_RESULTS: dict[str, type[BaseModel]] = {
@@ -138,8 +186,8 @@ class HarnessTried(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     harness: str
-    gate: str
-    p_value: float
+    gate: str = Field(description="promoted or rejected by the full gate, or screened out before it")
+    p_value: float | None = None
 
 
 class GenerationSummary(BaseModel):
@@ -180,4 +228,5 @@ def judged_summary(number: int, judged: Judged, registered: Registered, trained:
         parent={str(k): round(v, 3) for k, v in judged.parent.items()}, train_seconds=trained.seconds, gains=gains,
         harness_candidates=[HarnessTried(harness=c.harness_id, p_value=c.judged.decision.p_value,
                                          gate="promoted" if c.judged.decision.promote else "rejected")
-                            for c in (searched.candidates if searched else ())])
+                            for c in (searched.candidates if searched else ())]
+        + [HarnessTried(harness=c.harness_id, gate="screened out") for c in (searched.screened if searched else ())])

@@ -73,6 +73,10 @@ class Ledger:
                                                     StageRun.status == "done").order_by(StageRun.id.desc()))
             return [self.read(stage, generation.number, row.result) for row in rows]
 
+    def stage_results(self, stage: str) -> list[tuple[int, Any]]:
+        """Every finished result of ``stage`` in this lineage, (generation number, result), oldest first."""
+        return stage_results(self.store, self.lineage, stage, self.read)
+
     def run_stage(self, gen: Generation, stage: str, inputs: dict[str, Any], fn: Callable[[], Any],
                   finish: Callable[[Session, Any], None] | None = None) -> Any:
         """Return the stored result of (generation, stage, inputs) if it finished before; else run and store it.
@@ -154,3 +158,12 @@ def fault_point(generation: int, stage: str) -> None:
     target = os.environ.get("RSI_TEST_KILL_AT")
     if target and target == f"{generation}:{stage}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stage_results(store: Any, lineage: str, stage: str, read: Read) -> list[tuple[int, Any]]:
+    """Every finished result of ``stage`` in ``lineage``, (generation number, result), oldest first."""
+    with store.session() as s:
+        rows = s.execute(select(Generation.number, StageRun.result).join(StageRun, StageRun.generation_id == Generation.id)
+                         .where(Generation.lineage == lineage, StageRun.stage == stage, StageRun.status == "done")
+                         .order_by(StageRun.id)).all()
+    return [(number, read(stage, number, result)) for number, result in rows]

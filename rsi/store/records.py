@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from rsi.models import Task, Trajectory, Verdict
 from rsi.store.schema import (
-    AttributionRow, Base, DatasetItem, DatasetRow, EvaluationRow, Generation, TaskRow, TrajectoryRow, VerdictRow,
+    AttributionRow, Base, DatasetItem, DatasetRow, EvaluationRow, Generation, Lineage, TaskRow, TrajectoryRow,
+    VerdictRow,
 )
 
 CHUNK = 500
@@ -166,9 +167,14 @@ def verified_answers(session: Session, lineage: str) -> list[Any]:
 
 
 def longest_passed(session: Session, generation_id: int) -> Trajectory | None:
-    """The generation's passed trajectory with the most completion tokens (None when nothing passed)."""
+    """The generation's passed trajectory of its lineage's family (not a proposer's) with the most completion
+    tokens (None when nothing passed)."""
+    family = select(Lineage.family).join(Generation, Generation.lineage == Lineage.name).where(
+        Generation.id == generation_id).scalar_subquery()
     row = session.scalars(select(TrajectoryRow).join(VerdictRow, VerdictRow.trajectory_id == TrajectoryRow.id)
-                          .where(TrajectoryRow.generation_id == generation_id, VerdictRow.passed)
+                          .join(TaskRow, TaskRow.id == TrajectoryRow.task_id)
+                          .where(TrajectoryRow.generation_id == generation_id, VerdictRow.passed,
+                                 TaskRow.family == family)
                           .order_by(TrajectoryRow.completion_tokens.desc(), TrajectoryRow.id).limit(1)).first()
     return trajectory_from_row(row) if row is not None else None
 

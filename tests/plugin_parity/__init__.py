@@ -41,7 +41,7 @@ def parse_yes_no(text: str) -> Parsed:
 yes_no = ParserSpec(parse_yes_no, NoParams)
 
 
-def propose(harness, space: dict[str, list]) -> list[Proposal]:
+def propose(harness, space: dict[str, list], evidence=None) -> list[Proposal]:
     """The harness with each question of the space as its prompt's wording."""
     return [variant(harness, f"q{i}", f"asks {question!r}", {"prompt.vars": {"question": question}})
             for i, question in enumerate(space.get("question", []))]
