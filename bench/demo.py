@@ -3,9 +3,10 @@ what it printed, as a result file.
 
 Writes ``bench/results/demo-addition.log`` (progress bars removed) and ``bench/results/demo-addition.json``: wall
 time, exit status, each generation's outcome line, the model versions it registered (generation, gate, adapter
-hash, harness: what a refactor that changes no result registers again), and the last table's mean accuracy over
-its levels per pair (the champion beside the untrained base under the starting and the champion's harness, and the champion's
-adapter under the starting harness). ``bench/readme.py`` writes the README's demo paragraph from the JSON.
+hash, harness: what a refactor that changes no result registers again), the last table's mean accuracy over its
+levels per pair (the champion beside the untrained base under the starting and the champion's harness, and the
+champion's adapter under the starting harness), and the candidate harnesses' tree after it (``rsi harness archive
+addition``). ``bench/readme.py`` writes the README's demo paragraph from the JSON.
 
     .venv/bin/python bench/demo.py [--generations 4]
 """
@@ -72,17 +73,20 @@ def main() -> None:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wall = time.perf_counter() - started
         versions = registered(root / "rsi") if done.returncode == 0 else []
+        archive = subprocess.run([str(root / "rsi/.venv/bin/rsi"), "harness", "archive", "addition"], cwd=root / "rsi",
+                                 capture_output=True, text=True).stdout if done.returncode == 0 else ""
     finally:
         shutil.rmtree(root, ignore_errors=True)
     log = "\n".join(line.rsplit("\r", 1)[-1] for line in done.stdout.splitlines() if "it/s]" not in line)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     (REPO / "bench/results/demo-addition.log").write_text(
         f"# make demo GENERATIONS={args.generations} on a fresh clone (bench/demo.py); {machine}; "
-        f"wall {wall:.0f} s, rc {done.returncode}\n{log}\n")
+        f"wall {wall:.0f} s, rc {done.returncode}\n{log}\n\n# rsi harness archive addition (after the demo)\n{archive}")
     minutes, seconds = divmod(round(wall), 60)
     result = {"command": "make demo" + (f" GENERATIONS={args.generations}" if args.generations != 4 else ""),
               "machine": machine, "wall": f"{minutes} min {seconds} s", "wall_s": round(wall, 1),
-              "rc": done.returncode, **summarize(log), "versions": versions}
+              "rc": done.returncode, **summarize(log), "versions": versions,
+              "archive": archive.splitlines()}
     write_result(REPO / "bench/results/demo-addition.json", result, run_config(args))
     print(f"make demo: {result['wall']}, rc {done.returncode}; final {result['final']}")
     if done.returncode:

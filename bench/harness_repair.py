@@ -1,15 +1,15 @@
 """Does the harness search repair a broken harness, training nothing? Eight faults, each one field of a working
-harness (the issue's list), repaired by ``rsi harness repair``'s search (``rsi.repair``: a repair lineage, 0
-training steps, the generic operators only, one full gate a generation, at most ``--gates``).
+harness (the issue's list), and five beyond it, repaired by ``rsi harness repair``'s search (``rsi.repair``: a
+repair lineage, 0 training steps, the generic operators only, one full gate a generation, at most ``--gates``).
 
 The working pair of a family is its profile's bare base under the working harness (addition/v2 under ``demo``,
 sorting/v1 under ``sorting``), the base the profile builds (cached under the repository's ``.rsi``). Per fault:
-whether the document is valid at all (a fault the validator refuses never runs: reported, not repaired); the
-working and the broken pair's greedy test accuracy per level (``--n`` tasks a level); whether the fault counts
-(it lowers some level's accuracy by at least 0.2); the repair: adopted or not, the edits with what they changed,
-full gates, CPU-seconds (this process and its children) and wall seconds; and the adopted harness's test
-accuracy and mean completion tokens per task beside the working harness's (``repaired``: adopted, every level
-within 0.02 of the working harness, tokens within 1.25x).
+the validator's refusal where it refuses the document for what it would do (the repair runs it all the same,
+``rsi.hcp.load.tolerating``); the working and the broken pair's greedy test accuracy per level (``--n`` tasks a
+level); whether the fault counts (it lowers some level's accuracy by at least 0.2); the repair: adopted or not,
+the edits with what they changed, full gates, CPU-seconds (this process and its children) and wall seconds; and
+the adopted harness's test accuracy and mean completion tokens per task beside the working harness's
+(``repaired``: adopted, every level within 0.02 of the working harness, tokens within 1.25x).
 
     .venv/bin/python bench/harness_repair.py [--faults 1,2,...] [--n 256] [--gates 3] [--out PATH]
 """
@@ -41,13 +41,25 @@ FAULTS: dict[int, tuple[str, str, str, str, Any]] = {
     6: ("sorting/v1", "sorting", "1-8", "decoding.max_new_tokens", 4),
     7: ("sorting/v1", "sorting", "1-8", "answer.params.words", ["finished"]),
     8: ("sorting/v1", "sorting", "1-8", "templates/tool.j2", "{{ result }}"),  # without its trailing '>'
+    # faults outside the issue's list, chosen after the operators were written: what `rsi harness repair` does on
+    # faults it has not seen (11's field, not its value, is in tests/test_mutations.py)
+    9: ("sorting/v1", "sorting", "1-8", "limits.max_completion_tokens", 30),
+    10: ("sorting/v1", "sorting", "1-8", "templates/prompt.j2", '{{ task["items"] | join("") }}'),  # without '>'
+    11: ("addition/v2", "demo", "1-6", "limits.max_prompt_tokens", 20),
+    12: ("sorting/v1", "sorting", "1-8", "limits.max_prompt_tokens", 9),
+    13: ("addition/v2", "demo", "1-6", "decoding.max_new_tokens", 11),
 }
+ISSUE = range(1, 9)  # the issue's eight faults
+# a fault outside the list that was not repaired when first run here, and that an operator was then extended for
+# (template_endings' rule for a first turn that fails where later ones read well): seen, no longer unseen
+DEVELOPED_ON = {10}
 DROP, WITHIN, TOKENS = 0.2, 0.02, 1.25
 
 
-def broken(number: int, folder: Path) -> tuple[Path | None, str | None]:
-    """The fault's harness written to ``folder`` (its own version, so it never clashes with the shipped one), or
-    the validator's message where the document is refused."""
+def broken(number: int, folder: Path) -> tuple[Path, str | None]:
+    """The fault's harness written to ``folder`` (its own version, so it never clashes with the shipped one), and
+    the validator's refusal where it refuses the document for what it would do (``rsi.hcp.load.tolerating``: the
+    repair runs it all the same); a document refused for its form is an error."""
     from rsi.errors import UserError
     from rsi.hcp import load_harness
     from rsi.proposers import variant
@@ -62,7 +74,7 @@ def broken(number: int, folder: Path) -> tuple[Path | None, str | None]:
     try:
         load_harness(folder)
     except UserError as exc:
-        return None, str(exc).splitlines()[0]
+        return folder, str(exc).splitlines()[0]
     return folder, None
 
 
@@ -106,22 +118,33 @@ def run_fault(number: int, n: int, gates: int, work: Path) -> dict[str, Any]:
     levels = list(range(lo, hi + 1))
     row: dict[str, Any] = {"fault": number, "harness": ref, "field": field, "value": value, "levels": levels}
     folder, refused = broken(number, work / f"fault{number}")
-    if refused:
-        return row | {"valid": False, "refused": refused, "counts": False}
+    row |= {"refused": refused}  # the validator's refusal of the broken document (it runs under the repair)
+    from rsi.errors import UserError
+    from rsi.hcp.load import tolerating
+
+    try:
+        with tolerating(folder):
+            return row | repaired(folder, ref, profile, levels, n, gates, work / f"fault{number}-repaired")
+    except UserError as exc:  # refused for its form: nothing runs, so it cannot count
+        return row | {"refused": str(exc).splitlines()[0], "form": True, "counts": False, "max_drop": None,
+                      "repaired": False, "steps": []}
+
+
+def repaired(folder: Path, ref: str, profile: str, levels: list[int], n: int, gates: int, out: Path) -> dict:
     working, before = measure(ref, profile, levels, n), measure(folder, profile, levels, n)
     drop = max(working["accuracy"][lv] - before["accuracy"][lv] for lv in levels)
-    row |= {"valid": True, "working": working, "broken": before, "max_drop": round(drop, 4), "counts": drop >= DROP}
+    row = {"working": working, "broken": before, "max_drop": round(drop, 4), "counts": drop >= DROP}
     from rsi.repair import repair, repair_config
 
     cpu, wall = cpu_s(), time.perf_counter()
-    result = repair(repair_config(str(folder), profile=profile, generations=gates, target_level=hi))
+    result = repair(repair_config(str(folder), profile=profile, generations=gates, target_level=levels[-1]))
     row |= {"adopted": result.adopted, "gates": result.gates, "train_steps": 0,
             "cpu_s": round(cpu_s() - cpu, 1), "wall_s": round(time.perf_counter() - wall, 1),
             "steps": [s.model_dump(mode="json") for s in result.steps]}
     if result.adopted is not None:
         from rsi.repair import write_adopted
 
-        after = measure(write_adopted(result, work / f"fault{number}-repaired"), profile, levels, n)
+        after = measure(write_adopted(result, out), profile, levels, n)
         row |= {"repaired_scores": after, "repaired": all(
             abs(after["accuracy"][lv] - working["accuracy"][lv]) <= WITHIN for lv in levels)
             and after["tokens_per_task"] <= TOKENS * working["tokens_per_task"]}
@@ -152,21 +175,30 @@ def main() -> None:
             print_row(rows[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    counted = [r for r in rows if r["counts"]]
-    summary = {"faults": len(rows), "counted": len(counted), "repaired": sum(r.get("repaired", False) for r in counted),
-               "not_counted": [{"fault": r["fault"], "why": r.get("refused") or f"max drop {r['max_drop']}"}
-                               for r in rows if not r["counts"]]}
-    print(f"repaired {summary['repaired']} of {summary['counted']} faults that count ({len(rows)} run)")
+    summary = {"issue": tally([r for r in rows if r["fault"] in ISSUE]),
+               "unseen": tally([r for r in rows if r["fault"] not in ISSUE and r["fault"] not in DEVELOPED_ON]),
+               "developed_on": tally([r for r in rows if r["fault"] in DEVELOPED_ON])}
+    for name, t in summary.items():
+        print(f"{name}: repaired {t['repaired']} of {t['counted']} faults that count ({t['faults']} run)")
     write_result(args.out, {"command": "python bench/harness_repair.py " + " ".join(sys.argv[1:]),
                             "criteria": {"drop": DROP, "within": WITHIN, "tokens_ratio": TOKENS},
                             "rows": rows, "summary": summary}, run_config(args))
 
 
+def tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counted = [r for r in rows if r["counts"]]
+    return {"faults": len(rows), "counted": len(counted), "repaired": sum(r["repaired"] for r in counted),
+            "not_counted": [{"fault": r["fault"], "max_drop": r["max_drop"], "form": r.get("form", False)}
+                            for r in rows if not r["counts"]]}
+
+
 def print_row(r: dict[str, Any]) -> None:
     head = f"fault {r['fault']} {r['harness']} {r['field']} = {r['value']!r}"
-    if not r["valid"]:
-        print(f"{head}: refused by the validator: {r['refused']}", flush=True)
+    if r.get("form"):
+        print(f"{head}: refused by the validator for its form, not run: {r['refused']}", flush=True)
         return
+    if r["refused"]:
+        print(f"{head}: refused by the validator (run under the repair all the same): {r['refused']}", flush=True)
     print(f"{head}: max drop {r['max_drop']} ({'counts' if r['counts'] else 'does not count'}); "
           f"adopted {r['adopted']} after {r['gates']} gate(s), {r['cpu_s']} CPU-s; repaired {r['repaired']}",
           flush=True)

@@ -104,11 +104,63 @@ def demo(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def harness_repair(result: dict[str, Any]) -> str:
+    """Per fault: the validator's verdict, the drop it causes, the repair (edits, gates, CPU-s) and whether it
+    counts as repaired; then the tallies of the issue's faults and of the unseen ones."""
+    c = result["criteria"]
+    lines = [f"`{result['command']}` (greedy, **test** split; a fault counts where it lowers some level by at least "
+             f"{c['drop']}; repaired: adopted, every level within {c['within']} of the working harness, tokens per "
+             f"task within {c['tokens_ratio']}x, 0 training steps):", "",
+             "| fault | field = value | refused by the validator | max drop | adopted edits | full gates | CPU-s | "
+             "accuracy, repaired vs working (mean) | tokens/task, repaired vs working | repaired |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r.get("form"):
+            lines.append(f"| {r['fault']} | `{r['harness']}` `{r['field']}` = `{_cell(r['value'])}` | for its form "
+                         "(not run) | - | - | - | - | - | - | no |")
+            continue
+        edits = "; ".join(f"{step['operator']}: " + ", ".join(_change(k, v) for k, v in step["changed"].items())
+                          for step in r["steps"]) or "none"
+        after, working = r.get("repaired_scores"), r["working"]
+        acc = f"{_mean(after['accuracy']):.3f} vs {_mean(working['accuracy']):.3f}" if after else "-"
+        tokens = f"{after['tokens_per_task']:.1f} vs {working['tokens_per_task']:.1f}" if after else "-"
+        lines.append(f"| {r['fault']} | `{r['harness']}` `{r['field']}` = `{_cell(r['value'])}` | "
+                     f"{'yes' if r['refused'] else 'no'} | {r['max_drop']:.2f} | {edits} | {r['gates']} | "
+                     f"{r['cpu_s']:.0f} | {acc} | {tokens} | {'**yes**' if r['repaired'] else 'no'} |")
+    for name, t in result["summary"].items():
+        which = {"issue": "the issue's eight faults (1-8)", "unseen": "the faults beyond the issue's list that no "
+                 "operator was written or extended for", "developed_on": "the faults beyond the list that an "
+                 "operator was extended for after it failed here"}[name]
+        skipped = [f"{n['fault']} (refused for its form)" if n["form"] else f"{n['fault']} (drop {n['max_drop']:.2f})"
+                   for n in t["not_counted"]]
+        lines += ["", f"Of {which}: **{t['repaired']} of {t['counted']} that count repaired**"
+                  + (f"; not counted: {', '.join(skipped)}" if skipped else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _change(field: str, before_after: list[Any]) -> str:
+    if field.startswith("templates/"):
+        return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
+    return f"`{field}` {_cell(before_after[0])} → {_cell(before_after[1])}"
+
+
+def _cell(value: Any) -> str:
+    """A value as a table cell shows it: JSON (a template's text as it is), a pipe escaped (it would end the cell)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text.replace("|", "\\|").replace("\n", "\\n")
+
+
+def _mean(accuracy: dict[str, float]) -> float:
+    return sum(accuracy.values()) / len(accuracy)
+
+
 # block name -> (its bench script, how its numbers are written; None: no renderer yet, the block shows status)
 RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "demo-addition": ("bench/demo.py", demo),
     "ablation-addition": ("bench/ablation.py", ablation),
     "ablation-sorting": ("bench/ablation.py", ablation),
+    "harness_repair": ("bench/harness_repair.py", harness_repair),
+    "selfplay": ("bench/selfplay.py", None),
     "train": ("bench/train.py", None),
     "shards": ("bench/shards.py", None),
     "episodes": ("bench/episodes.py", None),

@@ -45,13 +45,13 @@ def repair_config(path: str, lineage: str | None = None, adapter: str | None = N
     """The repair lineage's config: the profile of the harness's family (or ``lineage``'s recorded base);
     ``target_level``: the highest level the harness should pose and the pair pass (default: the profile's)."""
     from rsi.errors import UserError
-    from rsi.hcp import load_harness
+    from rsi.hcp.load import tolerating
     from rsi.run.config import load_config, profile_for
 
     if lineage and adapter:
         raise UserError("--lineage and --adapter both name the adapter to repair for; give one")
-    harness = load_harness(path)
-    family, base = harness.document.family, {}
+    with tolerating(path) as harness:  # (a document refused for what it would do is what a repair is for)
+        family, base = harness.document.family, {}
     if lineage:
         from rsi.store.champions import champion_pair
 
@@ -65,15 +65,25 @@ def repair_config(path: str, lineage: str | None = None, adapter: str | None = N
 
 
 def repair(config: CycleConfig, events: Callable[[str], Any] = lambda _: None) -> Repair:
-    """Run the repair lineage; its adopted edits, in order."""
-    from rsi.config import get_settings
+    """Run the repair lineage; its adopted edits, in order. A broken harness the validator refuses for what it would
+    do (``rsi.hcp.load.tolerating``) runs too, its refusals reported as events; its repairs are validated in full."""
     from rsi.flows.cycle import run_lineage
+    from rsi.hcp.load import tolerating
+
+    with tolerating(config.harness) as broken:
+        for warning in broken.warnings:
+            events(warning)
+        run_lineage(config, config.generations, events)
+        return _result(config)
+
+
+def _result(config: CycleConfig) -> Repair:
+    from rsi.config import get_settings
     from rsi.run.results import read_result
     from rsi.store import open_store
     from rsi.store.harnesses import stored_harness
     from rsi.store.ledger import stage_results
 
-    run_lineage(config, config.generations, events)
     settings, store = get_settings(), open_store()
     try:
         searches = stage_results(store, config.lineage, "search", read_result)

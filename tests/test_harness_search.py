@@ -82,10 +82,11 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     from .test_cycle import run_tiny, seed_home
 
     from .test_cycle import PROMOTING
-    from rsi.run.config import OPERATORS
 
     seed_home(rsi_home, tiny_base)
-    search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]}, "proposers": ["addition", *OPERATORS],
+    # (the family's own proposer only: which failures the tiny model shows, and so what the generic operators
+    # propose, differs by machine; tests/test_mutations.py and bench/harness_repair.py cover those)
+    search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]}, "proposers": ["addition"],
               "gates": 3, "screen_margin": -1.0, "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
     summaries, _ = run_tiny(3, harness_search=search, **PROMOTING)
     assert summaries[0].gate == "promoted"

@@ -66,7 +66,7 @@ def test_a_proposed_harness_is_validated_like_a_shipped_one_and_stored_once(tmp_
         assert store_new(s, doc, sources, tmp_path).hash == stored.hash  # the same content: the same harness
     assert stored.prompt({"a": 12, "b": 34}) == "2100000000000000+4300000000000000="
     bad = dict(doc, decoding=dict(doc["decoding"], max_new_tokens=99))
-    with store.session() as s, pytest.raises(UserError, match="max_new_tokens exceeds"):
+    with store.session() as s, pytest.raises(UserError, match=r"\(99\) exceeds limits.max_completion_tokens"):
         store_new(s, bad | {"version": "v2.bad"}, sources, tmp_path)
     changed = dict(doc, description="same id, other content")
     with store.session() as s, pytest.raises(UserError, match="immutable"):

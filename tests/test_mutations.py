@@ -71,8 +71,9 @@ def repaired(fault: Harness, reply, cause: str, operator: str, levels=(1, 2, 3))
 
 @pytest.mark.parametrize(("field", "value", "cause", "operator"), [
     ("decoding.max_new_tokens", 6, "limit_hit", "token_limits"),
-    ("limits.max_prompt_tokens", 16, "limit_hit", "token_limits"),  # (max_completion_tokens below max_new_tokens
-    ("answer.params.width", 10, "format_violation", "answer_params"),  # fails validation: no run to repair)
+    ("limits.max_prompt_tokens", 16, "limit_hit", "token_limits"),
+    ("limits.max_completion_tokens", 8, "limit_hit", "token_limits"),  # (refused by load_harness: see below)
+    ("answer.params.width", 10, "format_violation", "answer_params"),
 ])
 def test_an_addition_fault_is_repaired_by_the_operator_of_its_cause(field: str, value: int, cause: str,
                                                                     operator: str) -> None:
@@ -90,13 +91,14 @@ def test_levels_a_narrowed_prompt_cannot_pose_get_the_smallest_width_that_poses_
 def sorter(missing_ending: bool | str = False):
     """Sorts as a pair trained under sorting/v1 would: the first out-of-order neighbours swapped, 'done' when
     sorted; where a state comes without its '>' (``missing_ending``), it writes the '>' it expected first, or
-    (``"lost"``) loses its way: the tail of a call, as the real tiny base was seen to."""
+    (``"lost"``) loses its way: the tail of a call, as the real tiny base was seen to, or (``"stray"``) a word that
+    ends the episode."""
     def reply(prompt: str, k: int) -> str:
         items = [int(c) for c in re.findall(r"\d{7}", prompt)[-1]]
         i = next((i for i in range(len(items) - 1) if items[i] > items[i + 1]), None)
         move = "done" if i is None else f"swap({i})"
         if missing_ending and not prompt.endswith(">"):
-            return "p(4)" if missing_ending == "lost" else ">" + move
+            return {"lost": "p(4)", "stray": "ok"}.get(missing_ending, ">" + move)
         return move
     return reply
 
@@ -109,6 +111,8 @@ def sorter(missing_ending: bool | str = False):
     ({}, {"templates/tool.j2": "{{ result }}"}, True, "limit_hit", "template_endings"),
     # ... or it writes something else: the tool result is made to end as the prompt does
     ({}, {"templates/tool.j2": "{{ result }}"}, "lost", "step_limit", "template_endings"),
+    # the prompt without its '>': the first turn goes astray, and the prompt is made to end as the tool result does
+    ({}, {"templates/prompt.j2": '{{ task["items"] | join("") }}'}, "stray", "format_violation", "template_endings"),
 ])
 def test_a_sorting_fault_is_repaired_by_the_operator_of_its_cause(changes, sources, missing_ending, cause,
                                                                   operator) -> None:
@@ -162,3 +166,34 @@ def test_the_archive_keeps_every_candidate_and_tries_a_rejected_branch_once_the_
     lines = tree(nodes([first, second]), [("root", "h/root")])
     assert lines[0] == "h/root" and any(line.startswith("    - h/s3 [gen 2, answer_params <- format_violation]")
                                         for line in lines), lines
+
+
+@pytest.mark.parametrize(("ref", "changes", "sources", "refusal"), [
+    ("addition/v2", {"limits.max_completion_tokens": 8}, None, "exceeds limits.max_completion_tokens"),
+    ("sorting/v1", {"answer.params.words": ["finished"]}, None, "is refused by parser 'word'"),
+    ("programs/v1", {}, {"templates/answer.j2": "{{ answer }}!"}, "make the template write what the parser reads"),
+])
+def test_a_document_refused_for_what_it_would_do_loads_for_its_repair_only(tmp_path, ref, changes, sources,
+                                                                          refusal) -> None:
+    """``rsi harness repair`` runs a broken harness the validator refuses for its behaviour (not its form): inside
+    ``tolerating`` that document, wherever it is loaded from, has the refusal as a warning; a document with other
+    content (a candidate repair, or the same fault elsewhere) is still validated in full, and outside the context so
+    is the broken one."""
+    from rsi.errors import UserError
+    from rsi.hcp.load import tolerating
+    from rsi.store.harnesses import write_harness_dir
+
+    edit = variant(load_harness(ref), "fault", "a broken field", changes, sources)
+    write_harness_dir(tmp_path / "fault", edit.document, edit.sources)
+    write_harness_dir(tmp_path / "copy", edit.document, edit.sources)
+    other = dict(edit.document, description="other content, the same fault")
+    write_harness_dir(tmp_path / "other", other, edit.sources)
+    with pytest.raises(UserError, match=re.escape(refusal)):
+        load_harness(tmp_path / "fault")
+    with tolerating(tmp_path / "fault") as harness:
+        assert any(refusal in w for w in harness.warnings), harness.warnings
+        assert load_harness(tmp_path / "copy").hash == harness.hash
+        with pytest.raises(UserError, match=re.escape(refusal)):
+            load_harness(tmp_path / "other")
+    with pytest.raises(UserError, match=re.escape(refusal)):
+        load_harness(tmp_path / "copy")

@@ -238,8 +238,6 @@ class HCPDocument(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> HCPDocument:
-        if self.decoding.max_new_tokens > self.limits.max_completion_tokens:
-            raise ValueError("decoding.max_new_tokens exceeds limits.max_completion_tokens")
         names = [t.name for t in self.tools]
         if len(set(names)) < len(names):
             raise ValueError(f"tools: duplicate tool names {sorted({n for n in names if names.count(n) > 1})}")

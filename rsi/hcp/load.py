@@ -1,11 +1,19 @@
 """Loading a harness version: ``load_harness`` validates all of an untrusted document (its TOML, every field, the
 templates inside its folder, rendered on sample tasks; a plan dry-run with right answers; the family's expert
-played as episodes) and raises a ``UserError`` naming the file, the field and what was expected."""
+played as episodes) and raises a ``UserError`` naming the file, the field and what was expected.
+
+Some checks refuse a document for what it would do, not for its form: decoding that writes past the contract's own
+token limit, an answer template whose answers the harness's parser refuses, a family's expert that cannot finish
+an episode under it. ``tolerating`` lets one such document load with those refusals as warnings, so that
+``rsi harness repair`` can run it: its probe then shows the failures the refusals predicted, and every repair
+drawn from them is validated in full."""
 
 from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -170,7 +178,7 @@ def _check_renders(path: Path, harness: Harness) -> None:
         family = get_family(harness.document.family)
     except UserError as exc:
         raise UserError(f"{path}: field 'family': {exc}") from None
-    top = min(family.min_level + SAMPLE_LEVELS - 1, family.max_level)
+    top, round_trip = min(family.min_level + SAMPLE_LEVELS - 1, family.max_level), None
     for level in range(family.min_level, top + 1):
         try:
             tasks = family.tasks("train", SAMPLE_SEED, level, SAMPLE_TASKS)
@@ -179,8 +187,8 @@ def _check_renders(path: Path, harness: Harness) -> None:
         failures = [(t, err) for t in tasks if (err := _render_failure(harness, t)) is not None]
         # (a tool family judges the final state: its answer template is checked on demonstrations instead)
         if not failures and harness.document.answer.template is not None and family.environment is None:
-            for task in tasks:
-                _check_answer_round_trip(path, harness, family, task)
+            round_trip = round_trip or next(filter(None, (_answer_round_trip(path, harness, family, task)
+                                                          for task in tasks)), None)
         if not failures or (level > family.min_level and len(failures) == len(tasks)):
             continue
         task, err = failures[0]
@@ -192,11 +200,13 @@ def _check_renders(path: Path, harness: Harness) -> None:
             f"seed {task.seed}, level {level}, index {task.index}, payload {json.dumps(task.payload)}): "
             f"{err.detail}; {why}"
         )
+    if round_trip:
+        raise _Behaviour(round_trip)
 
 
-def _check_answer_round_trip(path: Path, harness: Harness, family: Any, task: Task) -> None:
-    """The answer template writes the task's answer so that the harness's own parser reads back a value the
-    family's verifier accepts: otherwise re-rendered answers would teach the model wrong replies."""
+def _answer_round_trip(path: Path, harness: Harness, family: Any, task: Task) -> str | None:
+    """Where the answer template writes the task's answer so that the harness's own parser reads back a value the
+    family's verifier rejects (re-rendered answers would teach the model wrong replies): what is wrong."""
     from rsi.parsers import get_parser
 
     answer = harness.document.answer
@@ -206,9 +216,10 @@ def _check_answer_round_trip(path: Path, harness: Harness, family: Any, task: Ta
     if not parsed.ok or parsed.extra or not family.verify(task, parsed.value):
         got = (parsed.error if not parsed.ok else f"extra content {parsed.extra!r}" if parsed.extra
                else f"the value {parsed.value!r}, which the verifier rejects")
-        raise UserError(f"{where}: renders the answer of {family.name} task {task.id} (level {task.level}, "
-                        f"answer {task.answer!r}) as {text!r}, and parser {answer.parser!r} reads back {got}; "
-                        "make the template write what the parser reads")
+        return (f"{where}: renders the answer of {family.name} task {task.id} (level {task.level}, "
+                f"answer {task.answer!r}) as {text!r}, and parser {answer.parser!r} reads back {got}; "
+                "make the template write what the parser reads")
+    return None
 
 
 def shipped_harnesses() -> Path:
@@ -235,8 +246,30 @@ def resolve_harness(ref: str | Path) -> Path:
                     f"shipped: {', '.join(known) or 'none'}. Pass a harness directory or one of those ids")
 
 
+_TOLERATED: set[str] = set()  # hashes of documents whose behavioural refusals are warnings (``tolerating``)
+
+
 def load_harness(path: str | Path) -> Harness:
     """Load and validate a harness version; every problem is a ``UserError`` naming file and field."""
+    return _load(path, tolerate=False)
+
+
+@contextmanager
+def tolerating(path: str | Path) -> Iterator[Harness]:
+    """While inside, the harness at ``path`` (its content as it is now, wherever it is loaded from) loads though
+    checks of what it would do refuse it; each refusal is one of its ``warnings``. Any other content still loads
+    only when it passes every check."""
+    harness = _load(path, tolerate=True)
+    added = harness.hash not in _TOLERATED
+    _TOLERATED.add(harness.hash)
+    try:
+        yield harness
+    finally:
+        if added:
+            _TOLERATED.discard(harness.hash)
+
+
+def _load(path: str | Path, tolerate: bool) -> Harness:
     file = _resolve(Path(path))
     try:
         raw = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -261,13 +294,39 @@ def load_harness(path: str | Path) -> Harness:
     legacy = LEGACY_CONTRACTS.get(doc.contract.version)
     warnings += (f"{file}: contract version {doc.contract.version!r} is legacy: {legacy}",) if legacy else ()
     harness = Harness(file, doc, sources, warnings)
+    tolerate = tolerate or harness.hash in _TOLERATED
     _check_family_rules(file, doc)
-    _check_renders(file, harness)
+    refusals = _refused(lambda: _check_limits(file, doc), tolerate)
+    refusals += _refused(lambda: _check_renders(file, harness), tolerate)
     if doc.plan is not None:
         _check_plan(file, harness)
     if doc.tools:
-        _check_episodes(file, harness)
+        refusals += _refused(lambda: _check_episodes(file, harness), tolerate)
+    harness.warnings += tuple(f"tolerated for repair: {r}" for r in refusals)
     return harness
+
+
+def _refused(check: Any, tolerate: bool) -> tuple[str, ...]:
+    """Run a check of what the harness would do: its refusal raised, or (``tolerate``) returned."""
+    try:
+        check()
+    except _Behaviour as exc:
+        if not tolerate:
+            raise
+        return (str(exc),)
+    return ()
+
+
+class _Behaviour(UserError):
+    """A refusal for what the harness would do (``tolerating`` makes it a warning)."""
+
+
+def _check_limits(path: Path, doc: HCPDocument) -> None:
+    if doc.decoding.max_new_tokens > doc.limits.max_completion_tokens:
+        raise _Behaviour(f"{path}: field 'decoding.max_new_tokens': decoding.max_new_tokens "
+                         f"({doc.decoding.max_new_tokens}) exceeds limits.max_completion_tokens "
+                         f"({doc.limits.max_completion_tokens}): replies longer than the limit would all fail the "
+                         "contract's 'limits' rule; lower the one or raise the other")
 
 
 def _check_family_rules(path: Path, doc: HCPDocument) -> None:
@@ -309,7 +368,7 @@ def _check_episodes(path: Path, harness: Harness) -> None:
             try:
                 demonstration(harness, family, task)
             except UserError as exc:
-                raise UserError(f"{path}: cannot play {family.name} task {task.id} (level {level}, payload "
+                raise _Behaviour(f"{path}: cannot play {family.name} task {task.id} (level {level}, payload "
                                 f"{json.dumps(task.payload)}) as an episode: {exc}") from None
 
 

@@ -108,6 +108,10 @@ def demonstration(harness: Harness, family: TaskFamily, task: Task, mistakes: fl
     final = harness.render_answer(task.payload, task.answer)
     messages.append(Message(role="assistant", content=final))
     parsed = parse_reply(final, harness.document.answer)
-    if not parsed.ok or not family.verify(task, {"state": session.state, "answer": parsed.value}):
+    if not parsed.ok:
+        raise UserError(f"the expert's final reply {final!r} (the answer template's) is refused by parser "
+                        f"{harness.document.answer.parser!r} with answer.params {harness.document.answer.params}: "
+                        f"{parsed.error}")
+    if not family.verify(task, {"state": session.state, "answer": parsed.value}):
         raise UserError(f"the expert's episode ends in a state the verifier rejects: {session.state}")
     return Demonstration(messages, session.records, frozenset(mistaken))

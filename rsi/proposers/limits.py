@@ -1,7 +1,8 @@
 """Operators for replies the harness cuts or refuses: token limits (cause ``limit_hit``) and the step limit of a
 tool episode (``step_limit``). A limit the auditor reports exceeded is set to the largest count the failed
 samples show; a limit decoding hit (the reply cut at ``max_new_tokens``, the episode at ``max_steps``) cannot show
-how far the reply would have gone, so it is doubled, or quadrupled."""
+how far the reply would have gone, so it is doubled, or quadrupled. The counts the evidence shows come first (the
+search's screen keeps the first of equal candidates)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,19 @@ def token_limits(harness: Harness, space: Space, evidence: Evidence) -> list[Pro
     cut = evidence.of("limit_hit")
     if not cut:
         return []
-    doc = harness.document
-    out = _grown(harness, "decoding.max_new_tokens", f"{len(cut)} replies cut at max_new_tokens "
-                 f"{doc.decoding.max_new_tokens}", "limit_hit") if any(f.finish_reason == "length" for f in cut) else []
+    doc, out = harness.document, []
     seen = {"prompt": [], "completion": []}
     for f in cut:
         for count, kind in _EXCEEDED.findall(f.rules.get("limits", "")):
             seen[kind].append(int(count))
-    if seen["completion"] or seen["prompt"]:
+    if seen["completion"] or seen["prompt"]:  # (first: a count the evidence shows, where a doubling guesses)
         changes = {f"limits.max_{kind}_tokens": max(counts) for kind, counts in seen.items() if counts}
         out.append(variant(harness, "limits", f"{len(cut)} replies over the auditor's token limits: "
                            + ", ".join(f"{k.removeprefix('limits.')} {v}" for k, v in changes.items()), changes,
                            cause="limit_hit"))
+    if any(f.finish_reason == "length" for f in cut):
+        out += _grown(harness, "decoding.max_new_tokens", f"{len(cut)} replies cut at max_new_tokens "
+                      f"{doc.decoding.max_new_tokens}", "limit_hit")
     return out
 
 

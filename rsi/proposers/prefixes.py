@@ -2,9 +2,9 @@
 ``tool_misuse``, and ``limit_hit`` where the extra text is what ran the reply over its token limit): where the
 failed replies parse once a short prefix is taken off (``>swap(3)`` is the call ``swap(3)``), the pair is writing
 what it expected the prompt to end with. A prefix that at least half of them share is appended to the template
-rendered just before that turn: the prompt's for a first turn, the tool result's for a later one. And where the
-episodes fail after a tool result while the first turn reads well, the tool result is made to end as the prompt
-ends."""
+rendered just before that turn: the prompt's for a first turn, the tool result's for a later one. And where
+most episodes fail on one kind of turn (after a tool result, or on the first), that turn's template is made to
+end as the other kind's does."""
 
 from __future__ import annotations
 
@@ -40,26 +40,30 @@ def template_endings(harness: Harness, space: Space, evidence: Evidence) -> list
                            f"with {prefix!r} and read well without it: {rel} ends with {prefix!r}", {},
                            {rel: body + prefix + source[len(body):]},
                            cause=causes[field, prefix].most_common(1)[0][0]))
-    return out + _like_the_prompt(harness, [f for f in evidence.failures if f.replies])
+    return out + _alike(harness, [f for f in evidence.failures if f.replies])
 
 
-def _like_the_prompt(harness: Harness, failures: list) -> list[Proposal]:
-    """Where most failed episodes (any cause) fail after a tool result (a later turn), not on the first: the tool
-    result is rendered to end as the prompt does (the text after the prompt template's last expression, ``>``
-    say), so every turn the pair reads the state as it read it on the first."""
+def _alike(harness: Harness, failures: list) -> list[Proposal]:
+    """Where most failed episodes (any cause) fail on one kind of turn, the first (after the prompt) or a later one
+    (after a tool result), and the other kind's template ends with text this one lacks (the text after its last
+    expression, ``>`` say): that turn's template is made to end so too, so every turn the pair reads the state
+    as it reads it on the turns it does well."""
     prompt, tool = harness.document.prompt.template, harness.document.prompt.tool_template
-    later = [f for f in failures if len(f.replies) > 1]
-    if tool is None or tool not in harness.sources or not later or len(later) * 2 < len(failures):
+    if tool is None or tool not in harness.sources or prompt not in harness.sources:
         return []
-    ending = harness.sources[prompt].rstrip("\n").rpartition("}}")[2]
-    source = harness.sources[tool]
-    body = source.rstrip("\n")
-    if not ending.strip() or body.endswith(ending):
-        return []
-    return [variant(harness, "like-prompt", f"{len(later)} of {len(failures)} refused episodes fail after a tool "
-                    f"result: {tool} ends with {ending!r} as {prompt} does", {},
-                    {tool: body + ending + source[len(body):]},
-                    cause=Counter(f.cause for f in later).most_common(1)[0][0])]
+    out = []
+    for failing, rel, other, turn in ((lambda f: len(f.replies) > 1, tool, prompt, "after a tool result"),
+                                      (lambda f: len(f.replies) == 1, prompt, tool, "on the first turn")):
+        those = [f for f in failures if failing(f)]
+        ending = harness.sources[other].rstrip("\n").rpartition("}}")[2]
+        source = harness.sources[rel]
+        body = source.rstrip("\n")
+        if not those or len(those) * 2 < len(failures) or not ending.strip() or body.endswith(ending):
+            continue
+        out.append(variant(harness, "alike", f"{len(those)} of {len(failures)} refused episodes fail {turn}: {rel} "
+                           f"ends with {ending!r} as {other} does", {}, {rel: body + ending + source[len(body):]},
+                           cause=Counter(f.cause for f in those).most_common(1)[0][0]))
+    return out
 
 
 def _reads(harness: Harness, text: str) -> bool:
