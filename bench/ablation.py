@@ -311,7 +311,7 @@ def main() -> None:
     cells: list[dict] = []
     if args.resume and partial.exists():
         done = json.loads(partial.read_text())
-        changed = changed_since(done["provenance"]["commit"] or "", "bench/ablation.py")
+        changed = changed_since(done["provenance"]["commit"] or "", "bench/ablation.py", serving=False)
         if changed or changed is None or done["shared_overrides"] != shared or done["family"] != args.family:
             raise SystemExit(f"{partial} holds cells of commit {done['provenance']['commit']} with overrides "
                              f"{done['shared_overrides']}; the measured code changed since ({changed}) or this run's "

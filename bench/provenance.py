@@ -51,15 +51,21 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result measures (and its own script)
+# The serving layer (`rsi serve`, specialists, routers, keys, conversations): no lineage run, base build, evaluation
+# or repair imports it (tests/test_bench_provenance.py runs `rsi run` and `rsi eval` and reads what they imported),
+# so a result of those does not go stale when only it changes; a result of serving measures it (``serving``).
+SERVING = ("rsi/mol",)
 
 
-def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = ()) -> list[str] | None:
-    """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on) that differ
-    between ``commit`` and the working tree, or None where ``commit`` is not in ``root``'s history (a shallow clone,
-    or another repository)."""
+def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = (),
+                  serving: bool = True) -> list[str] | None:
+    """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on; without
+    ``serving``, not the serving layer) that differ between ``commit`` and the working tree, or None where
+    ``commit`` is not in ``root``'s history (a shallow clone, or another repository)."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
-    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script, *also)
+    excluded = () if serving else tuple(f":(exclude){path}" for path in SERVING)
+    out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script, *also, *excluded)
     return None if out is None else out.split()
 
 

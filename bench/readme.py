@@ -3,7 +3,8 @@
 Every number the README reports from a measurement lives between ``<!-- results:NAME -->`` and
 ``<!-- /results:NAME -->``, and this script writes that block from ``bench/results/NAME.json``. A result is
 shown only when it is current: its JSON records the commit it was made on, the tree was clean then, and none of
-the code it measures (``rsi/``, ``flows/``, ``task_generators/`` and its bench script) has changed since.
+the code it measures (``rsi/``, ``flows/``, ``task_generators/`` and its bench script; the serving layer
+``rsi/mol`` only for the serving results, ``SERVES``) has changed since.
 Otherwise the block says why it is not shown and the command that measures it again.
 ``tests/test_readme_results.py`` fails when the README differs from what this writes, when a block shows
 numbers of a result that is not current, and when a measured-looking number stands outside the blocks.
@@ -173,6 +174,7 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "serve-session-joint": ("bench/serve_session.py", None),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
+SERVES = {"serve", "serve-session", "serve-session-joint"}  # results that measure the serving layer (SERVING)
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:
@@ -187,7 +189,7 @@ def staleness(name: str, root: Path = REPO) -> str | None:
         return f"`bench/results/{name}.json` records no commit (made before results recorded theirs)"
     if not prov.get("clean"):
         return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
-    changed = changed_since(commit, script, root, ALSO.get(name, ()))
+    changed = changed_since(commit, script, root, ALSO.get(name, ()), serving=name in SERVES)
     if changed is None:
         return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
     if changed:

@@ -217,7 +217,7 @@ def main() -> None:
     cells: list[dict[str, Any]] = []
     if args.resume and partial.exists():
         done = json.loads(partial.read_text())
-        changed = changed_since(done["provenance"]["commit"] or "", "bench/selfplay.py")
+        changed = changed_since(done["provenance"]["commit"] or "", "bench/selfplay.py", serving=False)
         if changed or changed is None or done["budget_cpu_s"] != args.budget_cpu_s:
             raise SystemExit(f"{partial}: measured code changed since ({changed}) or another budget: delete it")
         cells = [c for c in done["cells"] if c["arm"] in arms and c["seed"] in seeds]

@@ -98,3 +98,44 @@ def test_every_bench_script_writes_its_results_through_write_result():
     research = {name: src for name, src in sources.items() if name.startswith("bench/harness_research/")}
     assert [name for name, src in research.items() if 'tag="start"' in src] == ["bench/harness_research/rw.py"], \
         "a research run's start record goes through rw.log_start, which adds its provenance"
+
+
+def test_a_result_of_a_lineage_goes_stale_by_its_code_not_by_the_serving_layer(repo: Path):
+    from bench.provenance import changed_since
+
+    (repo / "rsi/mol").mkdir()
+    (repo / "rsi/mol/proxy.py").write_text("0\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "serving")
+    first = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "rsi/mol/proxy.py").write_text("1\n")
+    assert changed_since(first, "bench/x.py", repo, serving=False) == []
+    assert changed_since(first, "bench/x.py", repo) == ["rsi/mol/proxy.py"]
+    (repo / "rsi/core.py").write_text("1\n")
+    assert changed_since(first, "bench/x.py", repo, serving=False) == ["rsi/core.py"]
+
+
+@pytest.mark.slow
+def test_a_lineage_run_and_its_evaluation_never_import_the_serving_layer(tiny_base, rsi_home):
+    """What lets a lineage's result ignore changes to the serving layer (``bench.provenance.SERVING``): ``rsi run``
+    and ``rsi eval`` (their processes, with Python's import trace on) import no module under it."""
+    import os
+    import sys
+
+    from bench.provenance import SERVING
+
+    from .test_cycle import seed_home
+
+    seed_home(rsi_home, tiny_base)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+        "RSI_HOME": str(rsi_home), "PYTHONPROFILEIMPORTTIME": "1"}
+    serving = tuple(path.replace("/", ".") for path in SERVING)
+    for command in (["run", "addition", "--profile", "tiny", "--generations", "1"],
+                    ["eval", "--profile", "tiny", "--levels", "1-2", "--n", "8"]):
+        done = subprocess.run([sys.executable, "-m", "rsi", *command], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:") and "|" in line}
+        assert "rsi.evaluate" in imported  # the trace is there
+        assert not [m for m in imported if m.startswith(serving)], sorted(m for m in imported if m.startswith(serving))
