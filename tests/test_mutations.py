@@ -126,7 +126,7 @@ def test_unposable_levels_are_posed_by_plan_settings_whose_calls_the_pair_passes
     rates = {lv: {"pass@1": 1.0 if lv <= passes else 0.1, "pass@k": 1.0, "tasks": 32} for lv in range(1, 7)}
     edits = propose(load_harness("addition/v2"), ["plan_params"], {}, Evidence(pass_rates=rates, unposable=(11, 12)))
     assert [e.document["plan"]["params"]["chunk"] for e in edits] == chunks
-    assert all(e.cause == "not_posable" for e in edits)
+    assert all(e.cause == "not_posable" and e.document["decoding"]["samples"] == 1 for e in edits)
 
 
 def searched(parent: str, champion: str, gated: list[tuple[str, float, bool]], screened: list[tuple[str, float]]):

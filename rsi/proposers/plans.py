@@ -2,7 +2,9 @@
 declares (``TaskFamily.plans``), at each setting of its declared parameters (``TaskFamily.plan_params``) under
 which every such level can be posed and every call the plan makes for it lies at a level the pair already passes
 (pass@1 of at least ``ABLE`` in the probe). The family says what its plans take; the pair's own pass rates say
-which settings it can carry out; the screen picks among them."""
+which settings it can carry out; the screen picks among them. A candidate samples one reply per task
+(``decoding.samples = 1``): its calls lie at levels the pair passes, so more samples of each would multiply the
+calls (a task of level 16 at chunk 3 makes 11) and teach little."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def plan_params(harness: Harness, space: Space, evidence: Evidence) -> list[Prop
             slug = "-".join(f"{k}{v}" for k, v in params.items())
             proposal = variant(harness, f"{name.replace('_', '')}-{slug}", f"levels {list(evidence.unposable)} not "
                                f"posable: plan {name} with {params}, its calls at levels the pair passes "
-                               f"({sorted(able)})", {"plan": {"name": name, "params": params}}, cause="not_posable")
+                               f"({sorted(able)})", {"plan": {"name": name, "params": params}, "decoding.samples": 1},
+                               cause="not_posable")
             candidate = in_memory(proposal, harness)
             if candidate is None or not all(expressible(candidate, family, lv) for lv in evidence.unposable):
                 continue
