@@ -102,6 +102,10 @@ def demo(result: dict[str, Any]) -> str:
               "| level | " + " | ".join(gains) + " |", "|---" * (len(gains) + 1) + "|",
               "| harness | " + " | ".join(f"{g['harness']:+.2f}" for g in gains.values()) + " |",
               "| weights | " + " | ".join(f"{g['weights']:+.2f}" for g in gains.values()) + " |"]
+    if result.get("archive"):
+        lines += ["", "The candidate harnesses its searches drew from the champion's failures, each under the harness it "
+                  "was drawn from (`rsi harness archive addition` after the demo):", "", "```", *result["archive"],
+                  "```"]
     return "\n".join(lines) + "\n"
 
 
