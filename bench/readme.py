@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.provenance import changed_since  # noqa: E402 (after the path it needs)
 
-BLOCK = re.compile(r"<!-- results:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+BLOCK = re.compile(r"<!-- results:(?P<name>[a-z0-9_-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
 
 
 def interval(iv: dict[str, Any], signed: bool = False) -> str:
