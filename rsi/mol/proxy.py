@@ -53,6 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rsi.errors import UserError
 from rsi.hcp.syntax import render_call
 from rsi.models import Message, ToolCall
+from rsi.mol.views import VIEWS, knows_own, own_prompt, posed_task
+from rsi.mol.views import answer as answer_plainly
 from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
@@ -284,6 +286,14 @@ def _arguments(call_id: str, text: str | None) -> dict[str, Any]:
     return arguments
 
 
+def viewed(champion: Any) -> Any:
+    """The view that reads people's messages for a champion's family (``rsi.mol.views``), or None: a chat-mode
+    harness reads them itself, and a family without a view is served in its harness's format only."""
+    if champion.harness.chat:
+        return None
+    return VIEWS.get(champion.harness.document.family)
+
+
 def specialist_params(harness: Any, max_tokens: int | None, temperature: float = 0.0, top_p: float = 1.0,
                       seed: int = 0, stop: tuple[str, ...] = ()) -> Any:
     """A specialist's sampling: its harness's decoding (its stop strings and the client's, reply length capped by
@@ -421,7 +431,21 @@ class Service:
         user = next((m for m in reversed(messages) if m.role == "user"), None)
         if user is None:
             raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
-        return decide(self.router, user.content, list(champions), self.config.threshold)
+        text = user.content
+        own = [name for name, champ in champions.items() if own_prompt(champ, text)]
+        readers = [] if own else [name for name, champ in champions.items()
+                                  if (v := viewed(champ)) is not None and v.read(text) is not None]
+        if len(readers) == 1:
+            return Route(specialist=readers[0], confidence=1.0, scores={}, router="view",
+                         reason="its view reads the message as a task of its family")
+        route = decide(self.router, text, readers or list(champions), 0.0 if readers else self.config.threshold)
+        picked = champions.get(route.specialist) if route.specialist else None
+        if picked is not None and not own and not readers and viewed(picked) is not None and knows_own(picked):
+            # a message that is not the specialist's own prompt and that no view reads never reaches its raw format
+            return Route(specialist=None, confidence=route.confidence, scores=route.scores, router=route.router,
+                         reason=f"no specialist's view reads a task in the message ({route.specialist} scored "
+                         "highest): the base answers")
+        return route
 
     @staticmethod
     def model_ids(champions: dict[str, Any]) -> list[str]:
@@ -454,6 +478,18 @@ class Service:
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
         pair = Responder(harness, self.backend(champion.base_dir), champion.pair_id, champion.adapter_dir)
+        plain, last = viewed(champion), messages[-1]
+        if plain is not None and last.role == "user" and not own_prompt(champion, last.content):
+            try:  # a person's message: the task it poses, answered in plain words
+                task = posed_task(plain, pair, last.content)
+            except UserError as exc:
+                raise ApiError(400, f"{exc}; send a shorter task", param="messages", code="task_not_posable") from None
+            if task is not None:
+                return self._threads.submit(answer_plainly, plain, pair, task, params), turn
+            if knows_own(champion):
+                raise ApiError(400, f"model 'rsi/{route.specialist}' answers {plain.asks}, and this message poses "
+                               f"none; send it to 'rsi/auto' (which gives it to the base model when no specialist "
+                               "reads it) or 'rsi/base'", param="messages", code="no_task")
         task = pair.posed(messages[-1]) if harness.document.plan else None
         if task is not None:  # the champion's harness answers it by its plan, call after call
             return self._threads.submit(pair.answer_task, task, params), turn
