@@ -1070,3 +1070,10 @@ def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_wo
         too_long = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
             "model": "rsi/addition", "messages": [{"role": "user", "content": "what is 123456789012 plus 1?"}]})
         assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "task_not_posable"
+        other = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={  # no specialist answers it
+            "model": "gpt-4-other-tenant", "messages": [{"role": "user", "content": "12 + 34"}]})
+        assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+        deep = b'{"model": "rsi/auto", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+        nested = httpx.post(f"{url}/v1/chat/completions", content=deep,
+                            headers=headers | {"Content-Type": "application/json"})
+        assert nested.status_code == 400 and "too deeply" in nested.json()["error"]["message"]

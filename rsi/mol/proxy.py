@@ -407,7 +407,10 @@ class Service:
         from rsi.mol.routers import Route, decide
 
         name = model.removeprefix("rsi/")
-        if model.startswith("rsi/") and name not in ("auto",):
+        if not model.startswith("rsi/"):  # another service's name (or another tenant's): never answered by one here
+            raise ApiError(404, f"model {model!r} does not exist; models: {', '.join(self.model_ids(champions))}",
+                           param="model", code="model_not_found")
+        if name not in ("auto",):
             if name == BASE:
                 if messages[-1].role == "tool":
                     raise ApiError(400, "model 'rsi/base' makes no tool calls, so it takes no tool result; send the "
@@ -739,6 +742,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             body = json.loads(await request.body())
         except ValueError as exc:
             raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+        except RecursionError:
+            raise ApiError(400, "the request body nests JSON arrays or objects too deeply to read; send the "
+                           "chat request's flat shape") from None
         try:
             req = ChatRequest.model_validate(body)
         except ValidationError as exc:
