@@ -1070,6 +1070,13 @@ def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_wo
         too_long = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
             "model": "rsi/addition", "messages": [{"role": "user", "content": "what is 123456789012 plus 1?"}]})
         assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "task_not_posable"
+        swap = {"type": "function", "function": {"name": "swap", "parameters": {"type": "object"}}}
+        for model, tools, field in (("rsi/sorting", [swap, {"type": "function", "function": {"name": "rm"}}],
+                                     "tools[1].function.name"), ("rsi/addition", [swap], "tools[0].function.name"),
+                                    ("rsi/base", [swap], "tools")):
+            offered = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
+                "model": model, "tools": tools, "messages": [{"role": "user", "content": "sort 3 1 4 1 5 9 2"}]})
+            assert offered.status_code == 400 and offered.json()["error"]["param"] == field, offered.json()
         other = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={  # no specialist answers it
             "model": "gpt-4-other-tenant", "messages": [{"role": "user", "content": "12 + 34"}]})
         assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"

@@ -96,6 +96,22 @@ class ToolCallIn(BaseModel):
     function: FunctionCall
 
 
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+
+
+class ToolSpec(BaseModel):
+    """A tool a client offers: accepted where the answering specialist's harness exposes a tool of that name (the
+    harness's own schema is what the model was trained on, so the client's is not read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
 class ContentPart(BaseModel):
     """One part of a message's content; the text parts are what the models read (others are refused)."""
 
@@ -132,8 +148,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The fields the proxy reads; others (``tools``: a specialist's tools are its harness's) are ignored. A
-    sampling field sent as null takes its default, as OpenAI's API does."""
+    """The fields the proxy reads; others are ignored. ``tools``: the client runs the calls of the specialist it
+    names (each a tool of the specialist's harness); a sampling field sent as null takes its default, as OpenAI's
+    API does."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -150,6 +167,7 @@ class ChatRequest(BaseModel):
     stop: Annotated[str, Field(min_length=1, max_length=64)] | Annotated[
         list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None = None
     conversation_id: str | None = Field(None, pattern=r"^conv-[0-9a-f]{32}$")
+    tools: list[ToolSpec] | None = Field(None, max_length=64)
 
     @model_validator(mode="after")
     def _defaults(self) -> "ChatRequest":
@@ -292,6 +310,17 @@ def viewed(champion: Any) -> Any:
     if champion.harness.chat:
         return None
     return VIEWS.get(champion.harness.document.family)
+
+
+def offered(tools: list[ToolSpec] | None, harness: Any, specialist: str | None) -> None:
+    """A client's ``tools`` for a specialist: each must be a tool of its harness (the client then runs the calls
+    itself, turn by turn); else a 400 naming the field."""
+    for i, tool in enumerate(tools or ()):
+        if tool.function.name not in harness.tool_schemas:
+            known = ", ".join(sorted(harness.tool_schemas)) or "none"
+            raise ApiError(400, f"tools[{i}].function.name: {tool.function.name!r} is not a tool of model "
+                           f"'rsi/{specialist}' (its harness's tools: {known}); send only those, or leave tools out",
+                           param=f"tools[{i}].function.name")
 
 
 def specialist_params(harness: Any, max_tokens: int | None, temperature: float = 0.0, top_p: float = 1.0,
@@ -468,6 +497,9 @@ class Service:
 
         wanted = req.max_completion_tokens or req.max_tokens
         champion = champions.get(route.specialist) if route.specialist else None
+        if champion is None and req.tools:
+            raise ApiError(400, "tools: the base model ('rsi/base') makes no tool calls; send tools to the specialist "
+                           "whose harness has them, or leave tools out", param="tools")
         if champion is None:  # the base model, no adapter, no harness: the last user message as its prompt
             base_dir = next(iter(champions.values())).base_dir if champions else None
             if base_dir is None:
@@ -481,8 +513,9 @@ class Service:
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
         pair = Responder(harness, self.backend(champion.base_dir), champion.pair_id, champion.adapter_dir)
+        offered(req.tools, harness, route.specialist)
         plain, last = viewed(champion), messages[-1]
-        if plain is not None and last.role == "user" and not own_prompt(champion, last.content):
+        if plain is not None and last.role == "user" and not req.tools and not own_prompt(champion, last.content):
             try:  # a person's message: the task it poses, answered in plain words
                 task = posed_task(plain, pair, last.content)
             except UserError as exc:
