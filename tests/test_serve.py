@@ -1062,6 +1062,9 @@ def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_wo
         for chat in ("hello!", "what is the capital of France?", "1+2+3"):
             reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": chat}])
             assert reply.model == "rsi/base", chat
+            # the built-in base is no chat model: a refusal that says what the specialists read, not its digits
+            assert reply.choices[0].message.content.startswith("No specialist here reads a task"), chat
+            assert "what is 12 plus 34?') (rsi/addition)" in reply.choices[0].message.content
         headers = {"Authorization": f"Bearer {key}"}
         refused = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
             "model": "rsi/addition", "messages": [{"role": "user", "content": "tell me a joke"}]})

@@ -312,6 +312,13 @@ def viewed(champion: Any) -> Any:
     return VIEWS.get(champion.harness.document.family)
 
 
+def no_chat_model(champions: dict[str, Any]) -> str:
+    """The reply to a message no specialist reads where the base is no chat model: what each specialist reads."""
+    asks = [f"{v.asks} (rsi/{name})" for name, c in champions.items() if (v := viewed(c)) is not None]
+    return ("No specialist here reads a task in this message, and this server has no chat model to answer it"
+            + (". Ask " + "; or ".join(asks) + "." if asks else "."))
+
+
 def offered(tools: list[ToolSpec] | None, harness: Any, specialist: str | None) -> None:
     """A client's ``tools`` for a specialist: each must be a tool of its harness (the client then runs the calls
     itself, turn by turn); else a 400 naming the field."""
@@ -500,6 +507,13 @@ class Service:
         if champion is None and req.tools:
             raise ApiError(400, "tools: the base model ('rsi/base') makes no tool calls; send tools to the specialist "
                            "whose harness has them, or leave tools out", param="tools")
+        if champion is None and route.router != "override" and champions and \
+                not any(c.harness.chat for c in champions.values()):
+            # routed away from every specialist, and the base is no chat model (rsi's built-in writes digits):
+            # a clear refusal, not its noise; `rsi/base` by name still gets the base
+            done: Future = Future()
+            done.set_result(Reply(Message(role="assistant", content=no_chat_model(champions)), "stop", 0, 0))
+            return done, turn
         if champion is None:  # the base model, no adapter, no harness: the last user message as its prompt
             base_dir = next(iter(champions.values())).base_dir if champions else None
             if base_dir is None:
