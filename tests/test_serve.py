@@ -816,12 +816,14 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
 def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base, rsi_home, tmp_path) -> None:
     """A champion whose harness has a plan (the demo's lineage adopts ``digit_chunks``) answers a message that
     poses a task in its format as its lineage is evaluated: the plan's calls, composed; the reply is the
-    composed answer the pair's ``run`` gives on the same backend. A message that poses no task is one call."""
+    composed answer the pair's ``run`` gives on the same backend. A task in plain words is read by the family's
+    view and answered the same way, said back in words; a message that poses no task is refused."""
     from rsi.backends import get_backend
     from rsi.hcp import load_harness
     from rsi.models import Message
-    from rsi.mol.proxy import ChatRequest, ServeConfig, Service, specialist_params
+    from rsi.mol.proxy import ApiError, ChatRequest, ServeConfig, Service, specialist_params
     from rsi.mol.routers import Route
+    from rsi.mol.views import VIEWS, answer
     from rsi.pair import Responder
     from rsi.task_generators.addition import formats as addition_formats
     from rsi.store.harnesses import write_harness_dir
@@ -851,10 +853,16 @@ def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base
         composed = run.paths[0].answer
         assert reply.content == ("" if composed is None else str(composed)) and finish == "stop"
         assert prompt_tokens == sum(t.tokens.prompt for t in run.trajectories)
-        other = [Message(role="user", content="1+2")]  # no task in the harness's format: one call, as it is
-        alone = direct.generate(["1+2"], params, adapter=str(adapters["addition"]))[0][0].text
+        # not in the harness's format, but a task in plain words: the view reads it, the plan answers it
+        other = [Message(role="user", content="1+2")]
+        plainly = answer(VIEWS["addition"], pair, family.derive({"a": 1, "b": 2}), params).message.content
         request = ChatRequest(model="rsi/addition", messages=[{"role": "user", "content": "1+2"}])
-        assert service.answer(route, service.champions(), other, request, [None])[0].content == alone
+        assert service.answer(route, service.champions(), other, request, [None])[0].content == plainly
+        assert plainly.startswith("1 + 2 = ")
+        with pytest.raises(ApiError) as refused:  # no task at all: never the specialist's raw format
+            service.answer(route, service.champions(), [Message(role="user", content="hello")],
+                           ChatRequest(model="rsi/addition", messages=[{"role": "user", "content": "hello"}]), [None])
+        assert refused.value.status == 400 and refused.value.code == "no_task"
     finally:
         service.close()
 
@@ -1009,3 +1017,73 @@ def test_proxy_over_the_vllm_engine(served, adapters, tiny_base, rsi_home) -> No
         assert state["healthy"] and Path(state["model"]).name == tiny_base.name  # the champions' base
         assert len({a["name"] for a in state["adapters"]}) == 2  # both specialists, loaded at run time
     assert not engine.status(rsi_home)["running"]  # the proxy started the engine, so it stopped it
+
+
+def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_words(served, adapters, tiny_base,
+                                                                                     rsi_home) -> None:
+    """A message that is not the harness's own prompt: the family's view reads the task from it ("what is 12 plus
+    34?"), the champion pair answers it under its harness (the model sees only the harness's prompt; a tool family
+    runs its episode on the environment), and the reply says the pair's answer in plain words: the same words the
+    pair gives when posed the task directly, whatever the task's right answer is. A message no view reads goes to
+    the base under rsi/auto, and is refused when it names a specialist."""
+    import httpx
+    import openai
+
+    from rsi.backends import get_backend
+    from rsi.hcp import load_harness
+    from rsi.mol.proxy import specialist_params
+    from rsi.mol.state import create_key
+    from rsi.mol.views import VIEWS, answer, posed_task
+    from rsi.pair import Responder
+    from rsi.tasks import get_family
+
+    direct = get_backend("hf", model_dir=tiny_base)
+
+    def expected(family: str, harness: str, text: str) -> str:  # the pair posed the task directly
+        h, f = load_harness(harness), get_family(family)
+        pair = Responder(h, direct, "direct", str(adapters[family]), f)
+        task = posed_task(VIEWS[family], pair, text)
+        return answer(VIEWS[family], pair, task, specialist_params(h, None)).message.content
+
+    key = create_key(served, "person")
+    added = expected("addition", "addition/v2", "12 + 34")
+    assert added.startswith("12 + 34 = ")
+    sorted_ = expected("sorting", "sorting/v1", "sort 3 1 4 1 5 9 2")
+    with Server(served, rsi_home) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        for question in ("what is 12 plus 34?", "12 + 34", "Could you add 12 and 34, please?", "12+34="):
+            reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": question}])
+            assert (reply.model, reply.model_extra["rsi"]["router"]) == ("rsi/addition", "view"), question
+            assert reply.choices[0].message.content == added, question
+        reply = client.chat.completions.create(model="rsi/auto",
+                                               messages=[{"role": "user", "content": "sort 3 1 4 1 5 9 2 please"}])
+        assert reply.model == "rsi/sorting" and reply.choices[0].message.content == sorted_
+        assert sorted_.startswith("sorted: ") or "no answer" in sorted_
+        for chat in ("hello!", "what is the capital of France?", "1+2+3"):
+            reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": chat}])
+            assert reply.model == "rsi/base", chat
+            # the built-in base is no chat model: a refusal that says what the specialists read, not its digits
+            assert reply.choices[0].message.content.startswith("No specialist here reads a task"), chat
+            assert "what is 12 plus 34?') (rsi/addition)" in reply.choices[0].message.content
+        headers = {"Authorization": f"Bearer {key}"}
+        refused = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
+            "model": "rsi/addition", "messages": [{"role": "user", "content": "tell me a joke"}]})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "no_task"
+        assert "two whole numbers" in refused.json()["error"]["message"]
+        too_long = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
+            "model": "rsi/addition", "messages": [{"role": "user", "content": "what is 123456789012 plus 1?"}]})
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "task_not_posable"
+        swap = {"type": "function", "function": {"name": "swap", "parameters": {"type": "object"}}}
+        for model, tools, field in (("rsi/sorting", [swap, {"type": "function", "function": {"name": "rm"}}],
+                                     "tools[1].function.name"), ("rsi/addition", [swap], "tools[0].function.name"),
+                                    ("rsi/base", [swap], "tools")):
+            offered = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
+                "model": model, "tools": tools, "messages": [{"role": "user", "content": "sort 3 1 4 1 5 9 2"}]})
+            assert offered.status_code == 400 and offered.json()["error"]["param"] == field, offered.json()
+        other = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={  # no specialist answers it
+            "model": "gpt-4-other-tenant", "messages": [{"role": "user", "content": "12 + 34"}]})
+        assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+        deep = b'{"model": "rsi/auto", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+        nested = httpx.post(f"{url}/v1/chat/completions", content=deep,
+                            headers=headers | {"Content-Type": "application/json"})
+        assert nested.status_code == 400 and "too deeply" in nested.json()["error"]["message"]

@@ -53,6 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rsi.errors import UserError
 from rsi.hcp.syntax import render_call
 from rsi.models import Message, ToolCall
+from rsi.mol.views import VIEWS, knows_own, own_prompt, posed_task
+from rsi.mol.views import answer as answer_plainly
 from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,22 @@ class ToolCallIn(BaseModel):
     function: FunctionCall
 
 
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+
+
+class ToolSpec(BaseModel):
+    """A tool a client offers: accepted where the answering specialist's harness exposes a tool of that name (the
+    harness's own schema is what the model was trained on, so the client's is not read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
 class ContentPart(BaseModel):
     """One part of a message's content; the text parts are what the models read (others are refused)."""
 
@@ -130,8 +148,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The fields the proxy reads; others (``tools``: a specialist's tools are its harness's) are ignored. A
-    sampling field sent as null takes its default, as OpenAI's API does."""
+    """The fields the proxy reads; others are ignored. ``tools``: the client runs the calls of the specialist it
+    names (each a tool of the specialist's harness); a sampling field sent as null takes its default, as OpenAI's
+    API does."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -148,6 +167,7 @@ class ChatRequest(BaseModel):
     stop: Annotated[str, Field(min_length=1, max_length=64)] | Annotated[
         list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None = None
     conversation_id: str | None = Field(None, pattern=r"^conv-[0-9a-f]{32}$")
+    tools: list[ToolSpec] | None = Field(None, max_length=64)
 
     @model_validator(mode="after")
     def _defaults(self) -> "ChatRequest":
@@ -284,6 +304,32 @@ def _arguments(call_id: str, text: str | None) -> dict[str, Any]:
     return arguments
 
 
+def viewed(champion: Any) -> Any:
+    """The view that reads people's messages for a champion's family (``rsi.mol.views``), or None: a chat-mode
+    harness reads them itself, and a family without a view is served in its harness's format only."""
+    if champion.harness.chat:
+        return None
+    return VIEWS.get(champion.harness.document.family)
+
+
+def no_chat_model(champions: dict[str, Any]) -> str:
+    """The reply to a message no specialist reads where the base is no chat model: what each specialist reads."""
+    asks = [f"{v.asks} (rsi/{name})" for name, c in champions.items() if (v := viewed(c)) is not None]
+    return ("No specialist here reads a task in this message, and this server has no chat model to answer it"
+            + (". Ask " + "; or ".join(asks) + "." if asks else "."))
+
+
+def offered(tools: list[ToolSpec] | None, harness: Any, specialist: str | None) -> None:
+    """A client's ``tools`` for a specialist: each must be a tool of its harness (the client then runs the calls
+    itself, turn by turn); else a 400 naming the field."""
+    for i, tool in enumerate(tools or ()):
+        if tool.function.name not in harness.tool_schemas:
+            known = ", ".join(sorted(harness.tool_schemas)) or "none"
+            raise ApiError(400, f"tools[{i}].function.name: {tool.function.name!r} is not a tool of model "
+                           f"'rsi/{specialist}' (its harness's tools: {known}); send only those, or leave tools out",
+                           param=f"tools[{i}].function.name")
+
+
 def specialist_params(harness: Any, max_tokens: int | None, temperature: float = 0.0, top_p: float = 1.0,
                       seed: int = 0, stop: tuple[str, ...] = ()) -> Any:
     """A specialist's sampling: its harness's decoding (its stop strings and the client's, reply length capped by
@@ -397,7 +443,10 @@ class Service:
         from rsi.mol.routers import Route, decide
 
         name = model.removeprefix("rsi/")
-        if model.startswith("rsi/") and name not in ("auto",):
+        if not model.startswith("rsi/"):  # another service's name (or another tenant's): never answered by one here
+            raise ApiError(404, f"model {model!r} does not exist; models: {', '.join(self.model_ids(champions))}",
+                           param="model", code="model_not_found")
+        if name not in ("auto",):
             if name == BASE:
                 if messages[-1].role == "tool":
                     raise ApiError(400, "model 'rsi/base' makes no tool calls, so it takes no tool result; send the "
@@ -421,7 +470,21 @@ class Service:
         user = next((m for m in reversed(messages) if m.role == "user"), None)
         if user is None:
             raise ApiError(400, "the conversation has no user message; send one with role 'user'", param="messages")
-        return decide(self.router, user.content, list(champions), self.config.threshold)
+        text = user.content
+        own = [name for name, champ in champions.items() if own_prompt(champ, text)]
+        readers = [] if own else [name for name, champ in champions.items()
+                                  if (v := viewed(champ)) is not None and v.read(text) is not None]
+        if len(readers) == 1:
+            return Route(specialist=readers[0], confidence=1.0, scores={}, router="view",
+                         reason="its view reads the message as a task of its family")
+        route = decide(self.router, text, readers or list(champions), 0.0 if readers else self.config.threshold)
+        picked = champions.get(route.specialist) if route.specialist else None
+        if picked is not None and not own and not readers and viewed(picked) is not None and knows_own(picked):
+            # a message that is not the specialist's own prompt and that no view reads never reaches its raw format
+            return Route(specialist=None, confidence=route.confidence, scores=route.scores, router=route.router,
+                         reason=f"no specialist's view reads a task in the message ({route.specialist} scored "
+                         "highest): the base answers")
+        return route
 
     @staticmethod
     def model_ids(champions: dict[str, Any]) -> list[str]:
@@ -441,6 +504,16 @@ class Service:
 
         wanted = req.max_completion_tokens or req.max_tokens
         champion = champions.get(route.specialist) if route.specialist else None
+        if champion is None and req.tools:
+            raise ApiError(400, "tools: the base model ('rsi/base') makes no tool calls; send tools to the specialist "
+                           "whose harness has them, or leave tools out", param="tools")
+        if champion is None and route.router != "override" and champions and \
+                not any(c.harness.chat for c in champions.values()):
+            # routed away from every specialist, and the base is no chat model (rsi's built-in writes digits):
+            # a clear refusal, not its noise; `rsi/base` by name still gets the base
+            done: Future = Future()
+            done.set_result(Reply(Message(role="assistant", content=no_chat_model(champions)), "stop", 0, 0))
+            return done, turn
         if champion is None:  # the base model, no adapter, no harness: the last user message as its prompt
             base_dir = next(iter(champions.values())).base_dir if champions else None
             if base_dir is None:
@@ -454,6 +527,19 @@ class Service:
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
         pair = Responder(harness, self.backend(champion.base_dir), champion.pair_id, champion.adapter_dir)
+        offered(req.tools, harness, route.specialist)
+        plain, last = viewed(champion), messages[-1]
+        if plain is not None and last.role == "user" and not req.tools and not own_prompt(champion, last.content):
+            try:  # a person's message: the task it poses, answered in plain words
+                task = posed_task(plain, pair, last.content)
+            except UserError as exc:
+                raise ApiError(400, f"{exc}; send a shorter task", param="messages", code="task_not_posable") from None
+            if task is not None:
+                return self._threads.submit(answer_plainly, plain, pair, task, params), turn
+            if knows_own(champion):
+                raise ApiError(400, f"model 'rsi/{route.specialist}' answers {plain.asks}, and this message poses "
+                               f"none; send it to 'rsi/auto' (which gives it to the base model when no specialist "
+                               "reads it) or 'rsi/base'", param="messages", code="no_task")
         task = pair.posed(messages[-1]) if harness.document.plan else None
         if task is not None:  # the champion's harness answers it by its plan, call after call
             return self._threads.submit(pair.answer_task, task, params), turn
@@ -703,6 +789,9 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             body = json.loads(await request.body())
         except ValueError as exc:
             raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+        except RecursionError:
+            raise ApiError(400, "the request body nests JSON arrays or objects too deeply to read; send the "
+                           "chat request's flat shape") from None
         try:
             req = ChatRequest.model_validate(body)
         except ValidationError as exc:

@@ -1,0 +1,189 @@
+"""Views: how a person's plain message poses a family's task, and how the pair's answer is said back to them.
+
+A specialist's harness speaks a format of its own (``2100000000+4300000000=`` under addition/v2); a person writes
+"what is 12 plus 34?". A view reads such a message into the family's payload (or refuses it: ``None``), the
+serving proxy poses that task to the champion pair under its own harness (plan, tool episode and all: the model
+sees only harness-rendered prompts), and the view says the pair's answer in plain words. The answer is the
+model's: the harness's parser reads the value from its reply, or, for a tool family, the state its calls left
+(replayed on the family's environment); nothing is taken from the task's stored answer.
+
+A view belongs to the family, not to each harness: once the harness's parser has read it, the pair's answer is
+the family's value under any harness. ``VIEWS`` holds the built-in families' (a family without one is served only
+in its harness's own format).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rsi.errors import UserError
+
+
+
+@dataclass(frozen=True)
+class View:
+    """``read``: a message -> the payload it poses, or None; ``say``: (payload, the pair's answer) -> a reply."""
+
+    read: Callable[[str], dict[str, Any] | None]
+    say: Callable[[dict[str, Any], Any], str]
+    asks: str  # what the family reads, for a refusal: "an addition of two whole numbers ('12 + 34')"
+
+
+# ---- reading ------------------------------------------------------------------------------------------------------
+
+_HEAD = re.compile(r"^(?:hey|hi|hello|ok|okay|so|please|pls|kindly|quick question|(?:can|could|would|will) you"
+                   r"(?: please)?|i(?:'d| would) like you to|tell me|help me(?: with)?)[,:!]?\s+")
+_TAIL = re.compile(r"(?:[\s,]+(?:please|pls|thanks|thank you|for me|quickly|now)|\s*[?.!]+)\s*$")
+NUMBER = r"(\d{1,60})"
+
+
+def _core(text: str) -> str:
+    """The message lower-cased, whitespace collapsed, greetings, requests and thanks around it taken off."""
+    core, before = re.sub(r"\s+", " ", text.strip().lower()), None
+    while core != before:
+        before, core = core, _TAIL.sub("", _HEAD.sub("", core)).strip()
+    return core
+
+
+_SUMS = [re.compile(p) for p in (
+    rf"^(?:what(?:'s| is)|whats|how much is|compute|calculate|evaluate|work out|solve|find)?\s*{NUMBER}\s*"
+    rf"(?:\+|plus|and)\s*{NUMBER}(?:\s*=\s*\??)?(?:\s*(?:equals|is|makes)(?: what)?)?$",
+    rf"^(?:what(?:'s| is)|whats|find|compute|calculate|give me|tell me)?\s*(?:the )?(?:sum|total) of {NUMBER} "
+    rf"(?:and|plus|\+) {NUMBER}$",
+    rf"^add(?: up| together)? {NUMBER} (?:and|to|with|\+|plus) {NUMBER}$",
+    rf"^(?:what do you get (?:if|when) you )?add {NUMBER} (?:and|to) {NUMBER}$",
+    rf"^{NUMBER} and {NUMBER} (?:added(?: together| up)?|summed|together)$",
+    rf"^what(?:'s| is) {NUMBER} added to {NUMBER}$",
+    rf"^(?:what|how much) {NUMBER} (?:\+|plus) {NUMBER} (?:is|makes|equals|gives)$",
+    rf"^(?:if you )?(?:have|had) {NUMBER} (?:\w+ )?and (?:get|got|add|added) {NUMBER}(?: more)?,? how many"
+    rf"(?: \w+)?(?: do you have| in total| altogether)?$",
+)]
+
+
+def read_sum(text: str) -> dict[str, Any] | None:
+    """Two whole numbers added, in the ways a person asks it ("12+34", "what is 12 plus 34?", "add 12 and 34",
+    "the sum of 12 and 34"); None for anything else (a third operand, a sign, a decimal point, other words)."""
+    core = _core(text)
+    for pattern in _SUMS:
+        if (match := pattern.match(core)) is not None:
+            a, b = match.groups()
+            return {"a": int(a), "b": int(b)}
+    return None
+
+
+def say_sum(payload: dict[str, Any], answer: Any) -> str:
+    return f"{payload['a']} + {payload['b']} = {answer}"
+
+
+
+
+_SORT_VERB = (r"(?:sort|order|arrange|put|rank|reorder|sort out)(?: the)?(?: following)?(?: (?:list|digits|numbers"
+              r"|items))?(?: of)?(?: these(?: (?:digits|numbers))?)?")
+_SORTS = [re.compile(p) for p in (
+    rf"^{_SORT_VERB}\s*:?\s*\[?(?P<items>[\d ,;]+?)\]?(?:\s+(?:in (?:ascending |increasing )?order|ascending|"
+    r"from (?:smallest|lowest) to (?:largest|highest)|smallest first|in order|from low to high))?$",
+    r"^\[?(?P<items>[\d ,;]+?)\]?\s*(?:,|:|-)?\s*(?:sorted|in order|sort (?:them|it|this)|sort|ascending)$",
+    r"^(?:what is|what's|give me) \[?(?P<items>[\d ,;]+?)\]? (?:sorted|in (?:ascending )?order)$",
+)]
+SORT_LENGTH = 7  # the sorting family's lists: 7 digits (task_generators/sorting.py)
+
+
+def read_list(text: str) -> dict[str, Any] | None:
+    """A list of digits to sort, as a person asks it ("sort 3 1 2 5 4 7 6", "put 3,1,2,5,4,7,6 in order please",
+    "sort: 3142576"); None for anything else, and for a list the family does not pose (not 7 digits 0-9)."""
+    core = _core(text)
+    for pattern in _SORTS:
+        if (match := pattern.match(core)) is not None:
+            raw = match.group("items").strip()
+            parts = [p for p in re.split(r"[ ,;]+", raw) if p]
+            digits = list(parts[0]) if len(parts) == 1 else parts
+            if len(digits) == SORT_LENGTH and all(len(d) == 1 and d.isdigit() for d in digits):
+                return {"items": [int(d) for d in digits]}
+            return None
+    return None
+
+
+def say_list(payload: dict[str, Any], outcome: Any) -> str:
+    """The list as the pair's calls left it (the family's outcome: the replayed final state)."""
+    return "sorted: " + " ".join(map(str, outcome["state"]["items"]))
+
+
+VIEWS: dict[str, View] = {
+    "addition": View(read_sum, say_sum, "an addition of two whole numbers ('12 + 34', 'what is 12 plus 34?')"),
+    "sorting": View(read_list, say_list, "a list of 7 digits to sort ('sort 3 1 4 1 5 9 2')"),
+}
+
+
+# ---- the harness's own format -------------------------------------------------------------------------------------
+
+
+def knows_own(champion: Any) -> bool:
+    """Whether the champion's family can tell its harness's own prompt from other text (it reads payloads from a
+    prompt: ``TaskFamily.read``); where it cannot, a message no view reads still goes to the specialist as it is."""
+    from rsi.tasks import get_family
+
+    return get_family(champion.harness.document.family).read is not None
+
+
+def own_prompt(champion: Any, text: str | None) -> bool:
+    """Whether ``text`` is exactly a prompt the champion's harness renders (its own format: the pair answers it as
+    it is, and a client that speaks it keeps doing so)."""
+    from rsi.tasks import get_family
+
+    family = get_family(champion.harness.document.family)
+    for payload in family.read(text or "") if family.read is not None else ():
+        try:
+            if champion.harness.prompt(payload) == text:
+                return True
+        except UserError:
+            continue
+    return False
+
+
+# ---- answering ----------------------------------------------------------------------------------------------------
+
+
+def posed_task(view: View, pair: Any, text: str) -> Any:
+    """The family's task the message poses under this view, or None; an ``ApiError``-worthy ``UserError`` where
+    the message poses a task the specialist's harness cannot pose (a level beyond its format)."""
+    from rsi.hcp.plays import poses
+
+    from rsi.models import Task
+    from rsi.tasks import DERIVED_SEED
+
+    payload = view.read(text)
+    if payload is None:
+        return None
+    family = pair.family
+    level = family.level_of(payload)
+    # (the task's stored answer is the family's where it can solve any payload; the reply never reads it)
+    task = Task(family=family.name, family_version=family.version, split=family.split_of(payload),
+                level=max(level, 1), seed=DERIVED_SEED, index=0, payload=payload,
+                answer=family.solve(payload) if family.solve is not None else None)
+    if not family.min_level <= level <= family.max_level or not poses(pair.harness, family, task):
+        raise UserError(f"the {family.name} specialist cannot pose this task (level {level}) under its harness "
+                        f"{pair.harness.id}")
+    return task
+
+
+def answer(view: View, pair: Any, task: Any, params: Any) -> Any:
+    """The pair's answer to ``task`` under its harness (one greedy sample: a plan's calls, a tool episode, or one
+    reply), said back in plain words: a ``Reply`` with every call's tokens. Where the harness's parser reads no
+    answer (or a plan's call gave none), the reply says so."""
+    from rsi.audit import Case
+    from rsi.models import Message
+    from rsi.pair import Reply
+
+    run = pair.run([task], params.model_copy(update={"n": 1}))
+    if pair.harness.document.plan is not None:
+        value = run.paths[0].answer
+    else:
+        case = Case(run.trajectories[0], task, pair.harness, pair.family, None)
+        value = case.outcome() if case.parsed.ok else None
+    content = (view.say(task.payload, value) if value is not None else
+               f"the {pair.family.name} specialist gave no answer its harness could read")
+    return Reply(Message(role="assistant", content=content), "stop",
+                 sum(t.tokens.prompt for t in run.trajectories), sum(t.tokens.completion for t in run.trajectories))

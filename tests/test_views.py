@@ -1,0 +1,49 @@
+"""rsi/mol/views.py: a person's plain message read as a family's task, or refused; what the pair answered said
+back. The proxy's use of views, on real specialists, is tests/test_serve.py's
+``test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_words``."""
+
+from __future__ import annotations
+
+import pytest
+
+from rsi.mol.views import VIEWS, read_list, read_sum
+
+SUMS = ["12+34", "12+34=", "12 + 34", "12 + 34 =", "12 plus 34", "what is 12 plus 34?", "What's 12+34?",
+        "whats 12 + 34", "how much is 12 plus 34?", "Calculate 12 + 34.", "compute 12+34 please", "add 12 and 34",
+        "Add 12 to 34!", "please add 12 and 34", "Could you please add 12 to 34?",
+        "can you tell me what 12 plus 34 is?", "the sum of 12 and 34", "What is the sum of 12 and 34?",
+        "total of 12 and 34", "12 and 34 added together",
+        "hi, what is 12 plus 34? thanks", "  12   +   34  ", "12 + 34 equals what?", "what is 12 added to 34"]
+NOT_SUMS = ["hello!", "what is the capital of France?", "1+2+3", "-12+34", "1.5+2", "12 - 34", "12 times 34",
+            "add them", "what is 12?", "sort 3 1 4 1 5 9 2", "12+", "+34", "", "tell me a joke about 12 and 34"]
+LISTS = ["sort 3 1 4 1 5 9 2", "Sort 3,1,4,1,5,9,2 please", "put 3 1 4 1 5 9 2 in order", "sort: 3141592",
+         "order these numbers: 3 1 4 1 5 9 2", "[3, 1, 4, 1, 5, 9, 2] sorted", "please sort [3,1,4,1,5,9,2]",
+         "arrange 3 1 4 1 5 9 2 in ascending order", "sort the list 3 1 4 1 5 9 2 from smallest to largest"]
+NOT_LISTS = ["sort 3 1 2", "sort 3 1 4 1 5 9 2 6", "sort 31 4 1 5 9 2 7", "sort my life out", "hello", "12 + 34",
+             "sort -3 1 4 1 5 9 2"]
+
+
+@pytest.mark.parametrize("text", SUMS)
+def test_an_addition_asked_in_plain_words_is_read(text: str) -> None:
+    assert read_sum(text) == {"a": 12, "b": 34}
+
+
+@pytest.mark.parametrize("text", NOT_SUMS)
+def test_what_is_not_an_addition_of_two_whole_numbers_is_refused(text: str) -> None:
+    assert read_sum(text) is None
+
+
+@pytest.mark.parametrize("text", LISTS)
+def test_a_list_to_sort_asked_in_plain_words_is_read(text: str) -> None:
+    assert read_list(text) == {"items": [3, 1, 4, 1, 5, 9, 2]}
+
+
+@pytest.mark.parametrize("text", NOT_LISTS)
+def test_what_is_not_a_list_the_family_sorts_is_refused(text: str) -> None:
+    assert read_list(text) is None
+
+
+def test_the_answer_is_said_as_the_pair_gave_it() -> None:
+    assert VIEWS["addition"].say({"a": 12, "b": 34}, 47) == "12 + 34 = 47"  # the pair's answer, right or not
+    assert VIEWS["sorting"].say({"items": [3, 1, 2]}, {"state": {"items": [1, 3, 2]}, "answer": "done"}) == \
+        "sorted: 1 3 2"
