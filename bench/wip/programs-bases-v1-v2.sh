@@ -1,6 +1,6 @@
 #!/bin/bash
 # base under v1 vs v2 (worked answers): per-level test accuracy, greedy, levels 1-6
-cd "$(dirname "$0")/../.."  # the repository; run after applying bench/wip/issue27-proposer.patch
+cd "$(dirname "$0")/../.."  # the repository (issue 27's programs proposer is on main since b0251c5)
 export OMP_NUM_THREADS=1 PATH=$PWD/.venv/bin:$PATH
 for v in v1 v2; do
   (

@@ -5,7 +5,7 @@
 # under. The session note's runs: "v1 base, v2 harness" rows = `v1 v2 gen-v1 1 ...`, v2 rows = `v2 v2 gen-v2 1 ...`
 # with --set curriculum.tasks_per_level=128 --set curriculum.lookahead_tasks=64 (lineages gen-*), without them
 # (gen512-*), then `... gen-v1 3` / `... gen-v2 3` with the 128-task sets to continue until the plateau stop.
-cd "$(dirname "$0")/../.."  # the repository; run after applying bench/wip/issue27-proposer.patch
+cd "$(dirname "$0")/../.."  # the repository (issue 27's programs proposer is on main since b0251c5)
 base=$1 harness=$2 lineage=$3 generations=$4; shift 4
 export OMP_NUM_THREADS=1 PATH=$PWD/.venv/bin:$PATH RSI_HOME=/tmp/exp/$base PREFECT_HOME=/tmp/exp/$base/prefect
 recipe=()
