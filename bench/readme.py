@@ -143,6 +143,37 @@ def harness_repair(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def selfplay(result: dict[str, Any]) -> str:
+    """Per arm: what its config changes, test accuracy at the CPU budget, executed level growth and rejections;
+    the claimed differences; then each lineage's generations."""
+    s = result["summary"]
+    lines = [f"`{result['command']}` ({result['profile']} profile; lineage seeds {result['seeds']}, one base built in "
+             f"{result['base_cpu_s']:.0f} CPU-s; each arm's loop stops at the first generation ending past "
+             f"{result['budget_cpu_s']:.0f} CPU-s of its process tree, and the champion counted is the last whose "
+             f"generation ended within it; greedy on one fixed **test** suite, levels {result['levels'][0]}-"
+             f"{result['levels'][-1]}, n = {result['eval_n']} a level; {result['interval']}). The untrained base "
+             f"scores {interval(s['base'])}.", "",
+             "| arm | differs from self in | test accuracy at the budget, mean over levels | "
+             "executed level growth (first generation to last) | proposals rejected, by rule |", "|---|---|---|---|---|"]
+    for arm in s["arms"]:
+        diff = next(c for c in result["cells"] if c["arm"] == arm)["config_diff"]
+        named = ", ".join(f"`{k}` {v[1]}" for k, v in diff.items()) or "nothing"
+        rejected = ", ".join(f"{rule} {n}" for rule, n in sorted(s["rejected_by_rule"].get(arm, {}).items())) or "-"
+        lines.append(f"| {arm} | {named} | {interval(s['at_budget'][arm])} | "
+                     f"{interval(s['executed_level_growth'][arm], signed=True)} | {rejected} |")
+    lines += [""] + [f"- **{name}**, paired by seed: {interval(iv, signed=True)}" for name, iv in s["differences"].items()]
+    lines += ["", "Each lineage, generation by generation: test mean over levels (mean level of the tasks it executed "
+              "at the curriculum's levels), loop CPU-s at the generation's end; the gate's verdict or why it stopped:",
+              ""]
+    for c in result["cells"]:
+        steps = [f"{_mean(g['test']):.3f}" + (f" ({g['executed']['mean_level']:.2f})"
+                                             if g.get("executed", {}).get("mean_level") is not None else "")
+                 + (f" at {g['loop_cpu_s']:.0f} s, {g.get('gate') or g.get('stopped')}" if g["generation"] else "")
+                 for g in c["generations"]]
+        lines.append(f"- {c['arm']} seed {c['seed']}: " + " → ".join(steps))
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -165,7 +196,7 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "ablation-addition": ("bench/ablation.py", ablation),
     "ablation-sorting": ("bench/ablation.py", ablation),
     "harness_repair": ("bench/harness_repair.py", harness_repair),
-    "selfplay": ("bench/selfplay.py", None),
+    "selfplay": ("bench/selfplay.py", selfplay),
     "train": ("bench/train.py", None),
     "shards": ("bench/shards.py", None),
     "episodes": ("bench/episodes.py", None),

@@ -97,7 +97,7 @@ def executed(run, number: int) -> dict[str, Any]:
     found = run.ledger.result(run.ledger.generation(number), "discover")
     proposed = found.proposed if found else None
     with run.store.session() as s:
-        levels = [t.level for t in load_tasks(s, list(found.task_ids)).values()
+        levels = [t.level for t in load_tasks(s, list(found.task_ids))
                   if proposed or t.level in found.frontier_levels] if found and found.task_ids else []
     out: dict[str, Any] = {"tasks": len(levels), "mean_level": sum(levels) / len(levels) if levels else None}
     if proposed:
