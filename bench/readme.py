@@ -154,7 +154,8 @@ def selfplay(result: dict[str, Any]) -> str:
              f"{result['levels'][-1]}, n = {result['eval_n']} a level; {result['interval']}). The untrained base "
              f"scores {interval(s['base'])}.", "",
              "| arm | differs from self in | test accuracy at the budget, mean over levels | "
-             "executed level growth (first generation to last) | proposals rejected, by rule |", "|---|---|---|---|---|"]
+             "executed level growth (first generation to last) | proposals rejected, by rule |",
+             "|---|---|---|---|---|"]
     for arm in s["arms"]:
         diff = next(c for c in result["cells"] if c["arm"] == arm)["config_diff"]
         named = ", ".join(f"`{k}` {v[1]}" for k, v in diff.items()) or "nothing"

@@ -272,15 +272,16 @@ def proxy_sender(url: str, key: str, clients: int, stages: list[dict[str, float]
 
 
 @contextmanager
-def proxy(engine: str) -> Iterator[str]:
-    """``rsi serve`` in a subprocess on a free loopback port (no practical rate limit), stopped by SIGTERM."""
+def proxy(engine: str, program: Sequence[str] | None = None) -> Iterator[str]:
+    """``rsi serve`` in a subprocess on a free loopback port (no practical rate limit), stopped by SIGTERM;
+    ``program``: what runs ``serve ARGS`` instead of ``python -m rsi``."""
     import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "rsi", "serve", "--port", str(port), "--engine", engine, "--rate", "1e6",
+    cmd = [*(program or [sys.executable, "-m", "rsi"]), "serve", "--port", str(port), "--engine", engine, "--rate", "1e6",
            "--burst", "1000000"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

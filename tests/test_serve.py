@@ -1087,3 +1087,25 @@ def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_wo
         nested = httpx.post(f"{url}/v1/chat/completions", content=deep,
                             headers=headers | {"Content-Type": "application/json"})
         assert nested.status_code == 400 and "too deeply" in nested.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_the_traffic_session_answers_in_plain_words_as_the_model_does(served, rsi_home, tmp_path) -> None:
+    """bench/traffic.py end to end on the tiny specialists: a short mixed session through `rsi serve`; chit-chat
+    never reaches a specialist, and with the bare base swapped in for the adapters every task the view read gets
+    the base's own answer, task by task (the proxy says what the model answered, never the task's stored answer:
+    the tiny base gets some right and some wrong)."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_traffic", REPO / "bench" / "traffic.py")
+    traffic = sys.modules["bench_traffic"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(traffic)
+    report = traffic.main(["--turns", "60", "--per-level", "4", "--out", str(tmp_path / "traffic.json")])
+    summary, swapped = report["summary"], report["base_swapped"]
+    assert summary["chat"]["n"] > 0 and summary["chat"]["to_specialist"] == 0
+    assert summary["addition"]["n"] + summary["sorting"]["n"] + summary["chat"]["n"] == 60
+    assert swapped["read"] > 10 and swapped["disagreeing"] == [] and swapped["agree"] == swapped["read"]
+    assert 0 < swapped["direct_right"] < swapped["read"], "the tiny base should get some right and some wrong"
+    assert (tmp_path / "traffic.json").is_file()
