@@ -66,8 +66,8 @@ ADDITION = [Template(t) for t in (
     "{a} and {b} added together", "hi, what is {a} plus {b}? thanks", "{a} + {b} equals what?",
     "can you tell me what {a} plus {b} is?")] + [Template(t, held_out=True) for t in (
     "Please compute the sum of {a} and {b}.", "What do you get when you add {a} and {b}?", "{a} plus {b} is?",
-    "what does {a} + {b} equal?", "tell me the answer to {a} + {b}", "{a} plus {b} equals?", "what's the total of {a} and {b}?",
-    "Hey, quick question: what is {a} + {b}?", "please work out {a} plus {b}")]
+    "what does {a} + {b} equal?", "tell me the answer to {a} + {b}", "{a} plus {b} equals?",
+    "what's the total of {a} and {b}?", "Hey, quick question: what is {a} + {b}?", "please work out {a} plus {b}")]
 SORTING = [Template(t) for t in (
     "sort {spaced}", "Sort {commas} please", "put {spaced} in order", "sort: {joined}", "order these numbers: {spaced}",
     "[{listed}] sorted", "arrange {spaced} in ascending order")] + [Template(t, held_out=True) for t in (
@@ -152,7 +152,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in tasks if r["kind"] == family]
         out[family] = share(mine) | {
             "refused": sum(r["model"] is None or r["router"] != "view" for r in mine),
-            "held_out": share([r for r in mine if r["held_out"]]), "seen": share([r for r in mine if not r["held_out"]]),
+            "held_out": share([r for r in mine if r["held_out"]]),
+            "seen": share([r for r in mine if not r["held_out"]]),
             "per_level": {lvl: share([r for r in mine if r["level"] == lvl])
                           for lvl in sorted({r["level"] for r in mine})},
             "per_template": {t: share([r for r in mine if r["template"] == t]) for t in sorted({r["template"]
