@@ -1070,6 +1070,9 @@ def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_wo
             "model": "rsi/addition", "messages": [{"role": "user", "content": "tell me a joke"}]})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "no_task"
         assert "two whole numbers" in refused.json()["error"]["message"]
+        refused = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={  # a tool family: the same
+            "model": "rsi/sorting", "messages": [{"role": "user", "content": "sort these words: pear fig"}]})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "no_task"
         too_long = httpx.post(f"{url}/v1/chat/completions", headers=headers, json={
             "model": "rsi/addition", "messages": [{"role": "user", "content": "what is 123456789012 plus 1?"}]})
         assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "task_not_posable"

@@ -47,3 +47,21 @@ def test_the_answer_is_said_as_the_pair_gave_it() -> None:
     assert VIEWS["addition"].say({"a": 12, "b": 34}, 47) == "12 + 34 = 47"  # the pair's answer, right or not
     assert VIEWS["sorting"].say({"items": [3, 1, 2]}, {"state": {"items": [1, 3, 2]}, "answer": "done"}) == \
         "sorted: 1 3 2"
+
+
+@pytest.mark.parametrize("harness", ["addition/v2", "sorting/v1"])
+def test_the_harnesss_own_prompt_is_told_from_a_message_no_view_reads(harness: str) -> None:
+    """The proxy sends a message that no view reads and that is not the specialist's own prompt to the base, never
+    to the specialist's raw format: so each built-in family's own prompt must be recognizable (sorting has no
+    TaskFamily.read: its view's ``own`` reads it)."""
+    from types import SimpleNamespace
+
+    from rsi.hcp import load_harness
+    from rsi.mol.views import knows_own, own_prompt
+
+    champion = SimpleNamespace(harness=load_harness(harness))
+    payload = {"a": 12, "b": 34} if harness.startswith("addition") else {"items": [3, 1, 4, 1, 5, 9, 2]}
+    prompt = champion.harness.prompt(payload)
+    assert knows_own(champion) and own_prompt(champion, prompt)
+    for other in ("sort these words: banana apple cherry", "tell me a joke", prompt + " please", "x" + prompt, ""):
+        assert not own_prompt(champion, other), other
