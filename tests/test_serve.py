@@ -813,6 +813,34 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
         ("user", "[earlier: base answered 1 turn]\nq5")]
 
 
+def test_a_chat_base_answers_what_no_specialist_reads_through_its_chat_template(served, rsi_home) -> None:
+    """Where the specialists' base is a chat model (their harnesses are chat-mode), a turn routed to no specialist
+    goes to that base as a conversation (its chat template), its own earlier turns kept and the specialists' turns
+    summarized, never as raw completion text. The backend is a fake that records what it is sent."""
+    from rsi.hcp import load_harness
+    from rsi.models import Message
+    from rsi.mol.proxy import ChatRequest, ServeConfig, Service
+    from rsi.mol.registry import Champion, Specialist
+    from rsi.mol.routers import Route
+
+    from .fakes import FakeModel
+
+    service = Service(ServeConfig(), served, rsi_home)
+    fake = service._backends[rsi_home / "fake-chat-base"] = FakeModel(lambda conversation, k: "hello to you")
+    chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
+                      load_harness("harness_versions/addition/smollm2-v1"), rsi_home / "fake-chat-base")
+    messages = [Message(role="user", content="what is 2+2?"), Message(role="assistant", content="The answer is 4."),
+                Message(role="user", content="hi"), Message(role="assistant", content="hello"),
+                Message(role="user", content="how are you?")]
+    specialists = [None, "chatty", None, "base", None]
+    route = Route(specialist=None, confidence=0.2, scores={}, router="ngram", reason="below the threshold")
+    request = ChatRequest(model="rsi/auto", messages=[m.model_dump() for m in messages])
+    reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages, request, specialists)
+    assert (reply.content, finish) == ("hello to you", "stop")
+    assert [(m.role, m.content) for m in fake.prompts[0][0]] == [
+        ("user", "[earlier: chatty answered 1 turn]\nhi"), ("assistant", "hello"), ("user", "how are you?")]
+
+
 def test_plan_specialist_answers_by_running_its_plan(served, adapters, tiny_base, rsi_home, tmp_path) -> None:
     """A champion whose harness has a plan (the demo's lineage adopts ``digit_chunks``) answers a message that
     poses a task in its format as its lineage is evaluated: the plan's calls, composed; the reply is the

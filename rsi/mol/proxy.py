@@ -514,14 +514,19 @@ class Service:
             done: Future = Future()
             done.set_result(Reply(Message(role="assistant", content=no_chat_model(champions)), "stop", 0, 0))
             return done, turn
-        if champion is None:  # the base model, no adapter, no harness: the last user message as its prompt
-            base_dir = next(iter(champions.values())).base_dir if champions else None
-            if base_dir is None:
+        if champion is None:  # the base model, no adapter, no harness
+            if not champions:
                 raise ApiError(503, "no specialist has a promoted champion, so there is no base model to serve",
                                type_="server_error")
             params = SamplingParams(max_new_tokens=min(wanted or self.config.max_tokens, self.config.max_tokens),
                                     temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stops())
-            user = next(m for m in reversed(messages) if m.role == "user")
+            chatting = next((c for c in champions.values() if c.harness.chat), None)
+            if chatting is not None:  # a chat model: the conversation through its chat template, as the base sees it
+                future = self._submit(self.backend(chatting.base_dir), "chat",
+                                      [chat_view(messages, specialists, BASE)], params, None)
+                return future, lambda out: _plain(out[0][0])
+            user = next(m for m in reversed(messages) if m.role == "user")  # no chat model: the last user message
+            base_dir = next(iter(champions.values())).base_dir
             future = self._submit(self.backend(base_dir), "generate", [user.content or " "], params, None)
             return future, lambda out: _plain(out[0][0])
         harness = champion.harness
