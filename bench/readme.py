@@ -175,6 +175,34 @@ def selfplay(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def traffic(result: dict[str, Any]) -> str:
+    """A person's session in plain words: right answers per family (seen and held-out templates), chit-chat kept
+    off the specialists, and the base swapped in against its direct evaluation."""
+    s, swapped = result["summary"], result["base_swapped"]
+    held = sum(t["held_out"] for ts in result["templates"].values() for t in ts)
+    templates = sum(len(ts) for ts in result["templates"].values())
+    specialists = ", ".join(f"{n} (lineage {v['lineage']}, generation {v['generation']}, harness {v['harness']})"
+                            for n, v in result["specialists"].items())
+    lines = [f"`{result['command']}`: {sum(s[k]['n'] for k in ('addition', 'sorting', 'chat'))} turns through the "
+             f"`openai` client, model `rsi/auto`, on {specialists}; {templates} templates, {held} of them held out of "
+             "the reader's tests; tasks from the **test** split. A task is right when the reply says the right "
+             "answer in the view's words (a refusal is wrong).", "",
+             "| asked | turns | right | on seen templates | on held-out templates | not read by a view |",
+             "|---|---|---|---|---|---|"]
+    for family in ("addition", "sorting"):
+        f = s[family]
+        lines.append(f"| {family} | {f['n']} | {f['right']:.3f} | {f['seen']['right']:.3f} | "
+                     f"{f['held_out']['right']:.3f} | {f['refused']} |")
+    lines += [f"| chit-chat | {s['chat']['n']} | kept off the specialists: {s['chat']['right']:.3f} "
+              f"({s['chat']['to_specialist']} reached one) | | | |", "",
+              "Addition per level: " + ", ".join(f"L{lvl} {v['right']:.3f} (n {v['n']})"
+                                                  for lvl, v in s["addition"]["per_level"].items()) + ".", "",
+              f"With the bare base swapped in for every adapter, **{swapped['agree']} of {swapped['read']}** task turns "
+              f"the views read got the answer the base gives under the same harness evaluated directly (right: "
+              f"{swapped['proxy_right']} through the proxy, {swapped['direct_right']} directly)."]
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -208,9 +236,10 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "serve": ("bench/serve.py", None),
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
+    "traffic": ("bench/traffic.py", traffic),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
-SERVES = {"serve", "serve-session", "serve-session-joint"}  # results that measure the serving layer (SERVING)
+SERVES = {"serve", "serve-session", "serve-session-joint", "traffic"}  # results that measure the serving layer (SERVING)
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:
