@@ -1140,3 +1140,94 @@ def test_the_traffic_session_answers_in_plain_words_as_the_model_does(served, rs
     assert swapped["read"] > 10 and swapped["disagreeing"] == [] and swapped["agree"] == swapped["read"]
     assert 0 < swapped["direct_right"] < swapped["read"], "the tiny base should get some right and some wrong"
     assert (tmp_path / "traffic.json").is_file()
+
+
+def _mutants(seed: int, n: int) -> list[bytes]:
+    """``n`` malformed chat requests drawn with ``seed``: valid bodies with a node replaced by a value of another
+    type or an extreme one, a key dropped or made up, a list emptied or wrapped, or the JSON text cut, a byte
+    flipped, made invalid UTF-8 or nested deep."""
+    import copy
+    import json
+    import random
+
+    rng = random.Random(seed)
+    call = {"id": "call_1", "type": "function", "function": {"name": "swap", "arguments": "{\"i\": 1}"}}
+    valid = [
+        {"model": "rsi/auto", "messages": [{"role": "user", "content": "12+34"}]},
+        {"model": "rsi/addition", "messages": [{"role": "system", "content": "be brief"},
+                                               {"role": "user", "content": "what is 2 plus 3?"}], "max_tokens": 8},
+        {"model": "rsi/sorting", "messages": [{"role": "user", "content": "3141592>"},
+                                              {"role": "assistant", "content": None, "tool_calls": [call]},
+                                              {"role": "tool", "tool_call_id": "call_1", "content": "3411592>"}],
+         "tools": [{"type": "function", "function": {"name": "swap", "parameters": {"type": "object"}}}]},
+        {"model": "rsi/base", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+         "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5, "top_p": 0.9, "seed": 3,
+         "stop": ["\n"], "n": 1, "conversation_id": "conv-x"},
+    ]
+    extremes = [None, True, False, 0, -1, 2**63, -(2**63), 10**40, 1e308, -1e-308, float("nan"), float("inf"), "",
+                "x" * 5000, "\u0000", "\ud800", "rsi/", [], {}, [[]], [{}], {"": None}, [None] * 50]
+
+    def nodes(value: object, path: tuple = ()) -> list[tuple]:
+        out = [path]
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out += nodes(v, (*path, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                out += nodes(v, (*path, i))
+        return out
+
+    def at(value: object, path: tuple) -> object:
+        for p in path:
+            value = value[p]
+        return value
+
+    out = []
+    while len(out) < n:
+        body = copy.deepcopy(rng.choice(valid))
+        kind = rng.randrange(8)
+        path = rng.choice(nodes(body)[1:])
+        parent, last = at(body, path[:-1]), path[-1]
+        if kind <= 2:
+            parent[last] = copy.deepcopy(rng.choice(extremes))
+        elif kind == 3 and isinstance(parent, dict):
+            del parent[last]
+        elif kind == 3:
+            parent[last] = [parent[last]]
+        elif kind == 4:
+            target = parent if isinstance(parent, dict) else body
+            target[rng.choice(["role", "content", "tool_calls", "name", "extra", "messages", "model"])] = \
+                copy.deepcopy(rng.choice(extremes))
+        text = json.dumps(body, allow_nan=True, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+        if kind == 5:
+            text = text[:rng.randrange(len(text))]
+        elif kind == 6:
+            i = rng.randrange(len(text))
+            text = text[:i] + bytes([rng.randrange(256)]) + text[i + 1:]
+        elif kind == 7:
+            depth = rng.choice([10, 1000, 100_000])
+            text = text.replace(b'"12+34"', b"[" * depth + b"]" * depth, 1) if b'"12+34"' in text else \
+                b"{\"a\": " * depth + b"1" + b"}" * depth
+        out.append(text)
+    return out
+
+
+def test_a_thousand_malformed_bodies_get_client_errors_never_a_server_error(served, rsi_home) -> None:
+    """A seeded fuzz of 1,200 malformed requests against the proxy on real specialists: none gets a 5xx; every
+    4xx is an OpenAI error body naming what was wrong; a request the fuzz left valid is answered (200)."""
+    import httpx
+
+    from rsi.mol.state import create_key
+
+    key = create_key(served, "fuzzer")
+    statuses: dict[int, int] = {}
+    with Server(served, rsi_home, rate=1e6, burst=1_000_000) as url, httpx.Client(timeout=120) as client:
+        for body in _mutants(seed=7, n=1200):
+            response = client.post(f"{url}/v1/chat/completions", content=body, headers={
+                "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert response.status_code < 500, (body[:300], response.text[:500])
+            if response.status_code >= 400:
+                error = response.json()["error"]
+                assert error["message"] and error["type"], response.text[:300]
+    assert statuses.get(200, 0) > 0 and sum(n for s, n in statuses.items() if 400 <= s < 500) > 900, statuses

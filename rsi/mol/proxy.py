@@ -248,7 +248,11 @@ def view(harness: Any, messages: list[Message]) -> list[Message]:
     for m in messages[start:]:
         if m.role == "assistant" and m.tool_calls:
             calls |= {c.id: c for c in m.tool_calls}
-            text = m.content or "".join(render_call(harness, c.name, c.arguments) for c in m.tool_calls)
+            try:
+                text = m.content or "".join(render_call(harness, c.name, c.arguments) for c in m.tool_calls)
+            except UserError as exc:  # a call the client made up: no such tool, or arguments it does not take
+                raise ApiError(400, f"an assistant tool call cannot be shown to the specialist: {exc}",
+                               param="messages") from None
             out.append(Message(role="assistant", content=text))
         elif m.role == "tool":
             if m.tool_call_id not in calls:
