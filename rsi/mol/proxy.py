@@ -54,7 +54,7 @@ from rsi.errors import UserError
 from rsi.hcp.syntax import render_call
 from rsi.models import Message, ToolCall
 from rsi.mol.views import VIEWS, knows_own, own_prompt, posed_task
-from rsi.mol.views import answer as answer_plainly
+from rsi.mol.views import answered
 from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,10 @@ CONFIG_ENV = "RSI_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn workers 
 CONVERSATION_HEADER = "X-RSI-Conversation-Id"
 SPECIALIST_HEADER = "X-RSI-Specialist"
 BASE = "base"
-RESERVED = ("auto", BASE)  # model names of the proxy itself, never specialist names
+RECORD = "rsi_record"  # a stored assistant message's key for how the pair made it (the proxy's own writing)
+RESERVED = ("auto", BASE)
+# a turn as the proxy sends and stores it: message, finish reason, prompt and completion tokens, record (``turn``)
+Answer = tuple[Message, str, int, int, dict[str, Any] | None]  # model names of the proxy itself, never specialist names
 # Bounds on a request: a message longer than any harness's prompt, or a history longer than any episode, is a
 # client error (400), not minutes of n-gram counting and decoding while every other request waits.
 MAX_MESSAGE_CHARS = 8192
@@ -498,10 +501,10 @@ class Service:
                specialists: list[str | None]) -> tuple[Message, str, int, int]:
         """(assistant message, finish reason, prompt tokens, completion tokens) of the routed model."""
         future, finish = self.begin_answer(route, champions, messages, req, specialists)
-        return finish(future.result())
+        return finish(future.result())[:4]
 
     def begin_answer(self, route: Any, champions: dict[str, Any], messages: list[Message], req: ChatRequest,
-                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], tuple[Message, str, int, int]]]:
+                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], Answer]]:
         """The routed model's call, sent: (a future of its completions, the function that makes them ``answer``'s
         tuple). The HTTP handler awaits the future without holding a thread while the engine decodes."""
         from rsi.backends.base import SamplingParams
@@ -544,7 +547,7 @@ class Service:
             except UserError as exc:
                 raise ApiError(400, f"{exc}; send a shorter task", param="messages", code="task_not_posable") from None
             if task is not None:
-                return self._threads.submit(answer_plainly, plain, pair, task, params), turn
+                return self._threads.submit(answered, plain, pair, task, params), lambda out: turn(*out)
             if knows_own(champion):
                 raise ApiError(400, f"model 'rsi/{route.specialist}' answers {plain.asks}, and this message poses "
                                f"none; send it to 'rsi/auto' (which gives it to the base model when no specialist "
@@ -574,14 +577,16 @@ class Service:
         return self._threads.submit(backend.generate, items, params, adapter=adapter)
 
 
-def turn(reply: Reply) -> tuple[Message, str, int, int]:
+def turn(reply: Reply, record: dict[str, Any] | None = None) -> Answer:
     """A turn of the pair as the proxy sends and stores it: the assistant message, the finish reason, prompt and
-    completion tokens."""
-    return reply.message, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens
+    completion tokens, and what the proxy keeps of how the pair made it (``rsi.mol.views.answered``: stored with
+    the message, never sent)."""
+    return reply.message, reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, record
 
 
-def _plain(out: Any) -> tuple[Message, str, int, int]:
-    return Message(role="assistant", content=out.text), out.finish_reason, out.prompt_tokens, out.completion_tokens
+def _plain(out: Any) -> Answer:
+    return (Message(role="assistant", content=out.text), out.finish_reason, out.prompt_tokens, out.completion_tokens,
+            None)
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------------------
@@ -814,12 +819,13 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             prepared = await run_in_threadpool(begin, req, owner, conversation_id)
         conversation_id, continued, added, route, future, finish = prepared
         times["prepare"] = lap()
-        reply, finish_reason, prompt_tokens, completion_tokens = finish(await asyncio.wrap_future(future))
+        reply, finish_reason, prompt_tokens, completion_tokens, record = finish(await asyncio.wrap_future(future))
         times["engine"] = lap()
         answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
         # stored before the reply goes out: a client that has the reply finds it in the conversation
-        turn = [(openai_message(m), None) for m in added] + [(openai_message(reply), who)]
+        turn = [(openai_message(m), None) for m in added] + [(openai_message(reply) | ({RECORD: record} if record
+                                                                                     else {}), who)]
         try:
             await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
                                       else service.writer.start(conversation_id, owner, turn))

@@ -188,6 +188,13 @@ def answer(view: View, pair: Any, task: Any, params: Any) -> Any:
     """The pair's answer to ``task`` under its harness (one greedy sample: a plan's calls, a tool episode, or one
     reply), said back in plain words: a ``Reply`` with every call's tokens. Where the harness's parser reads no
     answer (or a plan's call gave none), the reply says so."""
+    return answered(view, pair, task, params)[0]
+
+
+def answered(view: View, pair: Any, task: Any, params: Any) -> tuple[Any, dict[str, Any]]:
+    """``answer``'s reply, and the record of how the pair made it, which the proxy stores with the reply (never
+    sends it): the pair, its harness and the trajectories of the run (the model's own messages and tool log
+    under the harness; ``rsi.mol.harvest`` audits them again, against the task it derives from the message)."""
     from rsi.audit import Case
     from rsi.models import Message
     from rsi.pair import Reply
@@ -200,5 +207,8 @@ def answer(view: View, pair: Any, task: Any, params: Any) -> Any:
         value = case.outcome() if case.parsed.ok else None
     content = (view.say(task.payload, value) if value is not None else
                f"the {pair.family.name} specialist gave no answer its harness could read")
-    return Reply(Message(role="assistant", content=content), "stop",
-                 sum(t.tokens.prompt for t in run.trajectories), sum(t.tokens.completion for t in run.trajectories))
+    reply = Reply(Message(role="assistant", content=content), "stop",
+                  sum(t.tokens.prompt for t in run.trajectories), sum(t.tokens.completion for t in run.trajectories))
+    record = {"pair": pair.pair_id, "harness": pair.harness.hash, "plan": pair.harness.document.plan is not None,
+              "trajectories": [t.model_dump(mode="json") for t in run.trajectories]}
+    return reply, record
