@@ -170,6 +170,7 @@ def selfplay(result: dict[str, Any]) -> str:
         steps = [f"{_mean(g['test']):.3f}" + (f" ({g['executed']['mean_level']:.2f})"
                                              if g.get("executed", {}).get("mean_level") is not None else "")
                  + (f" at {g['loop_cpu_s']:.0f} s, {g.get('gate') or g.get('stopped')}" if g["generation"] else "")
+                 + (f"; `rsi run` stops here: {g['done']}" if g.get("done") else "")
                  for g in c["generations"]]
         lines.append(f"- {c['arm']} seed {c['seed']}: " + " → ".join(steps))
     return "\n".join(lines) + "\n"

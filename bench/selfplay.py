@@ -15,7 +15,8 @@ earlier selections, where the generator's arm also runs fresh generator tasks at
 
 Each (arm, lineage seed) runs in a process of its own, from one base (the profile's recipe, built once and
 shared: intervals are over lineage seeds only), generation after generation while its CPU-seconds (user +
-system of the whole process tree, Prefect's temporary server included) are below ``--budget-cpu-s``; the
+system of the whole process tree, Prefect's temporary server included) are below ``--budget-cpu-s`` and the
+lineage would go on as ``rsi run`` does (it stops at a plateau of rejections or the target mastered); the
 champion reported at the budget is the last one whose generation ended within it. After every generation
 the champion is scored greedily on one fixed test suite (test split, the same tasks for every arm and seed:
 ``--eval-n`` a level, levels 1..``--max-level``, drawn with seed 0), outside the budget. Reported per arm: test
@@ -81,12 +82,16 @@ def scored(config, number: int, levels: list[int], n: int) -> dict[str, Any]:
     from rsi.evaluate import evaluate
     from rsi.pair import Responder
     from rsi.run import RunContext, holding_lease, open_run
+    from rsi.run.register import done_reason, mastered_up_to
 
     with open_run(RunContext.of(config, get_settings())) as run, holding_lease(run.fence):
         champ = run.champion(number + 1)
         pair = Responder(run.harnesses.of(champ), run.base.backend, champ.pair_id, champ.adapter_dir, run.family)
         test = {str(sc.level): sc.accuracy for sc in evaluate(pair, levels, n, lineage_seed=0, split="test")}
-        return {"test": test, "executed": executed(run, number) if number else {}}
+        # where `rsi run` would stop after this generation (the lineage's own rule: target mastered, or a plateau)
+        done = done_reason(config, mastered_up_to(run.ledger, run.scores, run.base.levels, config.curriculum),
+                           run.ledger.rejections_in_a_row()) if number else None
+        return {"test": test, "executed": executed(run, number) if number else {}, "done": done}
 
 
 def executed(run, number: int) -> dict[str, Any]:
@@ -108,7 +113,8 @@ def executed(run, number: int) -> dict[str, Any]:
 
 def run_cell(arm: str, seed: int, budget: float, levels: list[int], n: int) -> dict[str, Any]:
     """In this process (its own RSI_HOME): generations of the arm's lineage while its loop CPU-seconds (the
-    process tree's, scoring excluded) are below the budget; the champion scored after each."""
+    process tree's, scoring excluded) are below the budget and the lineage would go on (`rsi run`'s stop rules:
+    the target mastered, a plateau of rejections); the champion scored after each."""
     from rsi.flows.cycle import run_lineage
 
     config = arm_config(arm, seed)
@@ -122,7 +128,7 @@ def run_cell(arm: str, seed: int, budget: float, levels: list[int], n: int) -> d
         record = {"generation": summary.generation, "gate": summary.gate, "stopped": summary.stopped,
                   "loop_cpu_s": round(loop, 1), **scored(config, summary.generation, levels, n)}
         scoring += tree_cpu_s() - started
-        stopped = summary.stopped
+        stopped = summary.stopped or record["done"]  # one generation a call: the lineage's own stop rule, here
         generations.append(record)
         print(f"[{arm} s{seed}] generation {summary.generation}: {summary.gate or stopped}, loop {loop:.0f} CPU-s, "
               f"test mean {sum(record['test'].values()) / len(levels):.3f}", flush=True)
