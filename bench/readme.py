@@ -196,8 +196,9 @@ def traffic(result: dict[str, Any]) -> str:
                      f"{f['held_out']['right']:.3f} | {f['refused']} |")
     lines += [f"| chit-chat | {s['chat']['n']} | kept off the specialists: {s['chat']['right']:.3f} "
               f"({s['chat']['to_specialist']} reached one) | | | |", "",
-              "Addition per level: " + ", ".join(f"L{lvl} {v['right']:.3f} (n {v['n']})"
-                                                  for lvl, v in s["addition"]["per_level"].items()) + ".", "",
+              *[f"{family.capitalize()} per level: " + ", ".join(f"L{lvl} {v['right']:.3f} (n {v['n']})"
+                                                                 for lvl, v in s[family]["per_level"].items()) + "."
+                for family in ("addition", "sorting")], "",
               f"With the bare base swapped in for every adapter, **{swapped['agree']} of {swapped['read']}** task turns "
               f"the views read got the answer the base gives under the same harness evaluated directly (right: "
               f"{swapped['proxy_right']} through the proxy, {swapped['direct_right']} directly)."]
