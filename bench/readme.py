@@ -147,8 +147,10 @@ def selfplay(result: dict[str, Any]) -> str:
     """Per arm: what its config changes, test accuracy at the CPU budget, executed level growth and rejections;
     the claimed differences; then each lineage's generations."""
     s = result["summary"]
-    lines = [f"`{result['command']}` ({result['profile']} profile; lineage seeds {result['seeds']}, one base built in "
-             f"{result['base_cpu_s']:.0f} CPU-s; each arm's loop stops at the first generation ending past "
+    built = (f"one base built in {result['base_cpu_s']:.0f} CPU-s" if result["base_cpu_s"] >= 60 else
+             "one base, found cached (its build not counted here)")
+    lines = [f"`{result['command']}` ({result['profile']} profile; lineage seeds {result['seeds']}, {built}; "
+             "each arm's loop stops at the first generation ending past "
              f"{result['budget_cpu_s']:.0f} CPU-s of its process tree, and the champion counted is the last whose "
              f"generation ended within it; greedy on one fixed **test** suite, levels {result['levels'][0]}-"
              f"{result['levels'][-1]}, n = {result['eval_n']} a level; {result['interval']}). The untrained base "
@@ -162,7 +164,8 @@ def selfplay(result: dict[str, Any]) -> str:
         rejected = ", ".join(f"{rule} {n}" for rule, n in sorted(s["rejected_by_rule"].get(arm, {}).items())) or "-"
         lines.append(f"| {arm} | {named} | {interval(s['at_budget'][arm])} | "
                      f"{interval(s['executed_level_growth'][arm], signed=True)} | {rejected} |")
-    lines += [""] + [f"- **{name}**, paired by seed: {interval(iv, signed=True)}" for name, iv in s["differences"].items()]
+    lines += [""] + [f"- **{name}**, paired by seed: {interval(iv, signed=True)}"
+                     for name, iv in s["differences"].items()]
     lines += ["", "Each lineage, generation by generation: test mean over levels (mean level of the tasks it executed "
               "at the curriculum's levels), loop CPU-s at the generation's end; the gate's verdict or why it stopped:",
               ""]
@@ -199,7 +202,8 @@ def traffic(result: dict[str, Any]) -> str:
               *[f"{family.capitalize()} per level: " + ", ".join(f"L{lvl} {v['right']:.3f} (n {v['n']})"
                                                                  for lvl, v in s[family]["per_level"].items()) + "."
                 for family in ("addition", "sorting")], "",
-              f"With the bare base swapped in for every adapter, **{swapped['agree']} of {swapped['read']}** task turns "
+              f"With the bare base swapped in for every adapter, **{swapped['agree']} of {swapped['read']}** task "
+              "turns "
               f"the views read got the answer the base gives under the same harness evaluated directly (right: "
               f"{swapped['proxy_right']} through the proxy, {swapped['direct_right']} directly)."]
     return "\n".join(lines) + "\n"
@@ -241,7 +245,8 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "traffic": ("bench/traffic.py", traffic),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
-SERVES = {"serve", "serve-session", "serve-session-joint", "traffic"}  # results that measure the serving layer (SERVING)
+# results that measure the serving layer (SERVING)
+SERVES = {"serve", "serve-session", "serve-session-joint", "traffic"}
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:
