@@ -29,8 +29,7 @@ import argparse
 import random
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,13 +181,6 @@ def base_direct(champions: dict[str, Any], tasks: dict[str, Any]) -> dict[str, b
     return out
 
 
-@contextmanager
-def swapped_proxy() -> Iterator[str]:
-    """``rsi serve`` whose every specialist answers on the bare base (this script's ``--swapped`` child)."""
-    with proxy("hf", [sys.executable, str(Path(__file__).resolve()), "--swapped"]) as url:
-        yield url
-
-
 def serve_swapped(argv: list[str]) -> None:
     """The child: ``rsi serve`` with the registry's champions given no adapter (the base swapped in)."""
     import dataclasses
@@ -231,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         with proxy("hf") as url:
             rows = ask_all(url, key, turns)
         asked = [t for t in turns if t["kind"] != "chat"]
-        with swapped_proxy() as url:
+        with proxy("hf", [sys.executable, str(Path(__file__).resolve()), "--swapped"]) as url:  # bare base
             swapped = ask_all(url, key, asked)
     finally:
         revoke_key(store, key_name)

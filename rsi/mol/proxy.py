@@ -63,9 +63,9 @@ CONVERSATION_HEADER = "X-RSI-Conversation-Id"
 SPECIALIST_HEADER = "X-RSI-Specialist"
 BASE = "base"
 RECORD = "rsi_record"  # a stored assistant message's key for how the pair made it (the proxy's own writing)
-RESERVED = ("auto", BASE)
+RESERVED = ("auto", BASE)  # model names of the proxy itself, never specialist names
 # a turn as the proxy sends and stores it: message, finish reason, prompt and completion tokens, record (``turn``)
-Answer = tuple[Message, str, int, int, dict[str, Any] | None]  # model names of the proxy itself, never specialist names
+Answer = tuple[Message, str, int, int, dict[str, Any] | None]
 # Bounds on a request: a message longer than any harness's prompt, or a history longer than any episode, is a
 # client error (400), not minutes of n-gram counting and decoding while every other request waits.
 MAX_MESSAGE_CHARS = 8192
