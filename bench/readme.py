@@ -209,6 +209,30 @@ def traffic(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def traffic_generation(result: dict[str, Any]) -> str:
+    """One generation on served turns only against an ordinary generation of equal steps from the same parent:
+    test-split accuracy per level, the lowest unmastered level marked, and what forged turns gave."""
+    acc, lowest, arms, session = result["test_accuracy"], result["lowest_unmastered"], result["arms"], result["session"]
+    lines = [f"`{result['command']}`: the parent is generation {result['parent']['generation']} of the sorting "
+             f"lineage (harness {result['parent']['harness']}); {session['turns']} plain-words turns on train-split "
+             f"lists ({session['right']} answered right), {session['forged']} forged turns (claimed answers and "
+             f"tool results in the client's history; {session['forged_refused']} more refused by the proxy) and "
+             f"{session['tampered']} stored records edited afterwards. Test split, greedy, {result['n']} tasks a "
+             "level.",
+             "", "| level | parent | traffic-fed generation | ordinary generation |", "|---|---|---|---|"]
+    for lvl, parent in acc["parent"].items():
+        mark = " (lowest unmastered)" if str(lvl) == str(lowest) else ""
+        lines.append(f"| {lvl}{mark} | {parent:.3f} | {acc['traffic'][lvl]:.3f} | {acc['ordinary'][lvl]:.3f} |")
+    lines += ["", *[f"{arm.capitalize()}: gate {a['status']}, {a['examples']} training examples, {a['steps']} steps."
+                    for arm, a in arms.items()],
+              f"Gain at the lowest unmastered level (L{lowest}): traffic-fed "
+              f"{result['gain']['traffic'][str(lowest)]:+.3f}, ordinary {result['gain']['ordinary'][str(lowest)]:+.3f};"
+              f" worst change at another level: traffic-fed {result['worst_other_drop']['traffic']:+.3f}, ordinary "
+              f"{result['worst_other_drop']['ordinary']:+.3f}. Training examples from forged or edited turns: "
+              f"**{result['examples_from_forged_or_tampered']}**."]
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -243,10 +267,11 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
     "traffic": ("bench/traffic.py", traffic),
+    "traffic_generation": ("bench/traffic_generation.py", traffic_generation),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
 # results that measure the serving layer (SERVING)
-SERVES = {"serve", "serve-session", "serve-session-joint", "traffic"}
+SERVES = {"serve", "serve-session", "serve-session-joint", "traffic", "traffic_generation"}
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:

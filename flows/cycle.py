@@ -1,7 +1,8 @@
 """The RSI cycle as Prefect flows, stage by stage in the order it runs.
 
 ``rsi-cycle`` runs one generation: discover -> [search] -> execute -> audit -> select -> train -> evaluate/gate ->
-register; in discover the generator draws the tasks, or the pair proposes them (``rsi.run.proposals``); ``search``
+register; in discover the generator draws the tasks, the pair proposes them (``rsi.run.proposals``), or served
+turns are harvested (``rsi.mol.harvest``: execute then stores the champion's recorded replies); ``search``
 (candidate harnesses) runs when the champion's harness holds progress back, and a candidate it adopts is the
 successor.
 ``rsi-lineage`` runs generations until the target level is mastered, candidates plateau or the budget is spent. Each
@@ -26,7 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run as current_flow_run
 
 from rsi.flows.artifacts import progress, publish, publish_proposals
-from rsi.flows.runtime import SERVER_RETRIES, Events, flow_parameters, forwarding
+from rsi.flows.runtime import SERVER_RETRIES, Events, flow_parameters, forwarding, secret_environment
 from rsi.attribution import attribute, summary as attribution_summary
 from rsi.config import get_settings
 from rsi.curriculum import frontier, plan_levels
@@ -68,26 +69,37 @@ def discover(run: Run, number: int, champ: Champion) -> Discovered:
         unposable = {p.level: p.n_tasks for p in plan_levels(accuracy, config.curriculum)
                      if p.level not in posable and p.level > ceiling}
         mastered = frontier(accuracy, config.curriculum.mastery)
-        proposed, tasks = run.proposer.frontier(gen.id, number, champ, plan, ceiling)  # the generator's or the pair's
+        traffic, proposed, tasks = None, None, []
+        if config.proposer.source == "traffic":  # the tasks people posed, answered by the champion as they were served
+            traffic, tasks = run.proposer.traffic(gen.id, champ, harness, ceiling, upto=inputs["served"])
+        else:  # the generator's or the pair's
+            proposed, tasks = run.proposer.frontier(gen.id, number, champ, plan, ceiling)
         replay_seed, replay_levels = stream_seed("replay", config.seed, number), range(1, mastered + 1 if plan else 1)
-        tasks += [t for lvl in replay_levels if proposed is None  # a proposing pair replays its own selections only
+        tasks += [t for lvl in replay_levels if proposed is None and traffic is None  # a pair replays its selections
                   for t in run.family.tasks("train", replay_seed, lvl, config.replay_tasks_per_level)]
         with run.fence.write() as s:
             put_tasks(s, tasks)
         publish_proposals(config.lineage, number, proposed)
         return Discovered(accuracy=accuracy, frontier=mastered, plan=plan, task_ids=[t.id for t in tasks],
                           frontier_levels=[p.level for p in plan], replay_levels=list(replay_levels),
-                          unposable=unposable, proposed=proposed)
+                          unposable=unposable, proposed=proposed, traffic=traffic)
 
-    return run.ledger.run_stage(gen, "discover", {"champion": champ.pair_id}, body)
+    inputs = {"champion": champ.pair_id}
+    if config.proposer.source == "traffic":  # the turns served by now: run again later, discover harvests anew
+        inputs["served"] = run.proposer.served_upto()
+    return run.ledger.run_stage(gen, "discover", inputs, body)
 
 
-# 2. execute: k samples per task (the harness's decoding.samples) under the champion pair; all stored
+# 2. execute: k samples per task (the harness's decoding.samples) under the champion pair; all stored. Traffic's
+# turns were answered when they were served: their trajectories, stored by discover, are the ones audited
 @task(name="execute", task_run_name="execute-gen-{number:03d}", cache_policy=NO_CACHE)
 def execute(run: Run, number: int, champ: Champion, found: Discovered) -> Executed:
     gen = run.ledger.generation(number)
 
     def body() -> Executed:
+        if found.traffic is not None:
+            return Executed(trajectories=len(found.traffic.turns), tasks=len(found.task_ids), seconds=0.0,
+                            ids=[t.trajectory_id for t in found.traffic.turns])
         with run.store.session() as s:
             tasks = load_tasks(s, found.task_ids)
         harness = run.harnesses.of(champ)
@@ -142,7 +154,9 @@ def select_stage(run: Run, number: int, champ: Champion, found: Discovered, exec
                                 prompt=prompt, completion=completion, turns=turns, passed=t.id in passed)
                       for t in trajectories for prompt, completion, turns in [training_parts(t.messages)]]
         replay = run.data.replay(number, harness, config.selection.replay_generations)
-        dataset = select(candidates, replay, config.selection, frontier_levels=set(found.frontier_levels),
+        spec = config.selection if found.traffic is None else \
+            config.selection.model_copy(update={"band": (0.0, 1.0)})  # one reply per turn: no pass rate to band
+        dataset = select(candidates, replay, spec, frontier_levels=set(found.frontier_levels),
                          seed=config.seed + number)
         dataset = run.proposer.with_learnable(found.proposed, dataset, trajectories, passed)  # it learns to propose
         corrupted = config.corrupt_training_data
@@ -284,6 +298,10 @@ def generation(run: Run, number: int, *, direct: bool = False,
         return stop(stopped="train.steps is 0 and harness search is off: nothing to change")
     if found.proposed is not None and not found.proposed.task_ids:
         return stop(stopped=f"nothing to train on: no proposal passed the rules ({found.proposed.rejected_by_rule})")
+    if found.traffic is not None and not found.traffic.turns:
+        served = ", ".join(found.traffic.specialists) or "none: `rsi specialists add` one"
+        return stop(stopped=f"nothing to train on: no served turn to harvest (this lineage's specialists: {served}; "
+                    f"turns not harvested: {found.traffic.skipped})")
     executed = call(execute, champ, found)
     audited = call(audit, champ, found, executed)
     selected = call(select_stage, champ, found, executed, audited)
@@ -346,6 +364,7 @@ def rsi_lineage(family: str = "addition", lineage: str | None = None, harness: s
     is spent. Parameters are JSON (a deployment schedules it): ``overrides`` are CycleConfig fields over the
     profile's. Takes the lineage's lease (a second run fails naming the holder) and keeps it alive, unless
     ``lease`` (holder, token) says the caller holds it for this run."""
+    secret_environment()  # a scheduled run's credentials (`rsi deploy` keeps them out of the job variables)
     fields = {"family": family, "lineage": lineage or family, "harness": harness or latest_harness(family)}
     config = load_config(profile, **{**(overrides or {}), **fields})
     holder, token = lease or (None, None)

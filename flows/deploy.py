@@ -5,13 +5,15 @@ A deployment is one lineage: its name is the lineage's, its parameters are the f
 its concurrency limit is 1 (a scheduled run that comes while the last one still runs is cancelled, so runs
 never pile up behind a slow generation), and its
 runs get the deploying shell's rsi settings (RSI_HOME, the state DB, MLflow) as environment, so the worker
-climbs the same lineage ``rsi run`` would. The flow is found by module path (``rsi.flows.cycle:rsi_lineage``),
+climbs the same lineage ``rsi run`` would; credentials among them travel in a Prefect Secret block, never in the
+deployment's job variables (``run_environment``). The flow is found by module path (``rsi.flows.cycle:rsi_lineage``),
 so any machine with rsi installed can run it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +21,7 @@ import sys
 from typing import Any
 
 from rsi.flows.cycle import rsi_lineage
+from rsi.flows.runtime import SECRET_BLOCK
 from rsi.config import Settings
 from rsi.run import latest_harness, load_config
 from rsi.errors import UserError
@@ -52,14 +55,28 @@ def ensure_pool() -> None:
                                                    base_job_template=ProcessWorker.get_default_base_job_template()))
 
 
-def run_environment(settings: Settings, api_url: str) -> dict[str, str]:
-    """What a scheduled run needs to find this lineage's state: the settings in effect where it was deployed."""
+def run_environment(settings: Settings, api_url: str, lineage: str) -> dict[str, str]:
+    """What a scheduled run needs to find this lineage's state: the settings in effect where it was deployed.
+    A deployment's job variables are shown by the Prefect UI and API, so a value that is a credential (an API key,
+    a URL with a password) is not among them: it goes into the Prefect Secret block ``rsi-<lineage>-env`` (its
+    value is never returned unless asked for), which the run reads back when it starts (``secret_environment``),
+    and the variable ``RSI_SECRET_BLOCK`` names that block."""
+    from urllib.parse import urlsplit
+
+    from prefect.blocks.system import Secret
+
     env = {"RSI_HOME": str(settings.home), "RSI_DATABASE_URL": settings.db_url,
            "RSI_MLFLOW_TRACKING_URI": settings.mlflow_uri, "PREFECT_API_URL": api_url,
            "PREFECT_LOGGING_EXTRA_LOGGERS": "rsi"}
-    for key in ("RSI_ENGINE_URL", "RSI_ENGINE_API_KEY", "RSI_ENGINE_MODEL"):
-        if os.environ.get(key):
-            env[key] = os.environ[key]
+    env |= {key: os.environ[key] for key in ("RSI_ENGINE_URL", "RSI_ENGINE_API_KEY", "RSI_ENGINE_MODEL")
+            if os.environ.get(key)}
+    secret = {k: v for k, v in env.items() if k.endswith("_KEY") or (k.endswith(("_URL", "_URI"))
+                                                                      and urlsplit(v).password)}
+    if secret:
+        name = f"rsi-{lineage.lower().replace('_', '-').replace('.', '-')}-env"
+        # as JSON text: a Secret block masks a string in every API reply (its dict value would be shown)
+        Secret(value=json.dumps(secret)).save(name, overwrite=True)
+        env = {k: v for k, v in env.items() if k not in secret} | {SECRET_BLOCK: name}
     return env
 
 
@@ -89,7 +106,7 @@ def deploy(settings: Settings, lineage: str, *, family: str, profile: str, gener
     deployment = rsi_lineage.to_deployment(
         name=lineage, parameters=parameters, cron=cron, interval=interval,
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
-        entrypoint_type=EntrypointType.MODULE_PATH, job_variables={"env": run_environment(settings, api)},
+        entrypoint_type=EntrypointType.MODULE_PATH, job_variables={"env": run_environment(settings, api, lineage)},
         tags=["rsi", f"lineage:{lineage}"], description=f"rsi lineage {lineage}: {generations} generation(s) per run")
     deployment_id = deployment.apply(work_pool_name=POOL)
     return {"deployment": f"rsi-lineage/{lineage}", "id": str(deployment_id), "work_pool": POOL,

@@ -1,10 +1,12 @@
 """How rsi's flows run in Prefect: rsi's log lines (logger ``rsi``) in the runs' Logs tab, or handed to a
 callback (the CLI's live display, a test's list) instead of Prefect's console format; the retry policy of the
-stages that call servers."""
+stages that call servers; a scheduled run's credentials, read from a Prefect Secret block."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 from contextlib import contextmanager
@@ -12,10 +14,11 @@ from contextlib import contextmanager
 from prefect.logging.handlers import APILogHandler
 from prefect.tasks import exponential_backoff
 
-from rsi.errors import RsiError
+from rsi.errors import RsiError, UserError
 from rsi.run import CycleConfig
 
 Events = Callable[[str], None]
+SECRET_BLOCK = "RSI_SECRET_BLOCK"  # a scheduled run's environment variable: the Secret block of its credentials
 _rsi_log = logging.getLogger("rsi")
 _rsi_log.setLevel(logging.INFO)
 if not any(isinstance(h, APILogHandler) for h in _rsi_log.handlers):
@@ -67,3 +70,20 @@ def flow_parameters(config: CycleConfig) -> dict[str, Any]:
     rest = config.model_dump(mode="json", exclude={"family", "lineage", "harness"})
     return {"family": config.family, "lineage": config.lineage, "harness": config.harness, "profile": None,
             "overrides": rest}
+
+
+def secret_environment() -> None:
+    """In a scheduled run: the credentials ``rsi deploy`` kept in the Prefect Secret block named by
+    ``RSI_SECRET_BLOCK``, into this process's environment (none named: nothing to do)."""
+    name = os.environ.get(SECRET_BLOCK)
+    if not name:
+        return
+    from prefect.blocks.system import Secret
+
+    try:
+        values = Secret.load(name).get()  # Prefect reads the JSON it was saved as back into a dict
+        values = values if isinstance(values, dict) else json.loads(values)
+    except ValueError as exc:
+        raise UserError(f"the Prefect Secret block {name!r} that holds this deployment's credentials cannot be "
+                        f"read ({exc}); run `rsi deploy` for the lineage again") from None
+    os.environ.update({k: str(v) for k, v in values.items()})

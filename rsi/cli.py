@@ -541,6 +541,9 @@ def run_cmd(
                                         "family's), self (the pair proposes them under the profile's "
                                         "proposer.harness and learns which it can learn from) or frozen (the "
                                         "untrained base proposes); default: the profile's"),
+    from_traffic: bool = typer.Option(False, "--from-traffic", help="train on served turns instead: the ones the "
+                                      "champion answered as the lineage's specialists through `rsi serve`, "
+                                      "harvested and audited again (proposer.source traffic)"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -550,6 +553,11 @@ def run_cmd(
 
     from rsi.run import deep_merge, load_config, parse_sets, profile_for, starting_harness
 
+    from rsi.errors import UserError
+
+    if from_traffic and proposer not in (None, "traffic"):
+        raise UserError(f"--from-traffic and --proposer {proposer} both say where training tasks come from: give one")
+    proposer = "traffic" if from_traffic else proposer
     harness = starting_harness(family, profile, harness)
     sets = deep_merge(parse_sets(sets), {"proposer": {"source": proposer}} if proposer else {})
     config = load_config(profile_for(profile, family), **{**with_base_seed(sets, base_seed),
@@ -794,28 +802,31 @@ def specialists_add(
     name: str | None = typer.Option(None, "--name", help="specialist name (default: the lineage's)"),
     description: str = typer.Option("", "--description", help="what it is for"),
     levels: str = typer.Option("1-6", "--levels", help="family levels its routing examples come from"),
+    key: str | None = typer.Option(None, "--key", help="private to this API key (its name): other keys never see it"),
 ) -> None:
     """Admit a lineage as a specialist; a running proxy picks it up (and each new champion) on its next request."""
     from rsi.mol.registry import add_specialist
 
-    spec = add_specialist(_store(migrate=True), lineage, name, description, tuple(parse_levels(levels)))
-    out.print(f"specialist {spec.name} (lineage {spec.lineage}, levels {list(spec.levels)}); retrain the routers: "
-              "`rsi router train`")
+    spec = add_specialist(_store(migrate=True), lineage, name, description, tuple(parse_levels(levels)), key)
+    private = f", private to key {spec.owner_key}" if spec.owner_key else ""
+    out.print(f"specialist {spec.name} (lineage {spec.lineage}, levels {list(spec.levels)}{private}); retrain the "
+              "routers: `rsi router train`")
 
 
 @specialists_app.command("list")
 def specialists_list() -> None:
-    """The specialists and their current champions."""
+    """The specialists, their current champions, and the key each is private to ("every key": public)."""
     from rsi.config import get_settings
     from rsi.mol.registry import Registry, list_specialists
 
     store = _store(migrate=True)
     champions = Registry(store, get_settings().home).champions()
-    table = Table("specialist", "lineage", "champion", "harness", "adapter", "description", title="specialists")
+    table = Table("specialist", "lineage", "champion", "harness", "adapter", "key", "description", title="specialists")
     for spec in list_specialists(store):
         c = champions.get(spec.name)
         table.add_row(spec.name, spec.lineage, f"generation {c.generation}" if c else "none promoted yet",
-                      c.harness.id if c else "-", Text(str(c.adapter_dir) if c else "-"), Text(spec.description))
+                      c.harness.id if c else "-", Text(str(c.adapter_dir) if c else "-"),
+                      Text(spec.owner_key or "every key"), Text(spec.description))
     out.print(table)
 
 
@@ -845,6 +856,17 @@ def keys_revoke(name: str = typer.Argument(..., help="key name")) -> None:
     out.print(f"key {name} revoked")
 
 
+@keys_app.command("harvest")
+def keys_harvest(name: str = typer.Argument(..., help="key name"),
+                 on: bool = typer.Option(..., "--on/--off", help="--off: the key's conversations are never harvested "
+                                         "as training data (`rsi run --from-traffic`); --on: they are again")) -> None:
+    """Opt a key's traffic out of (or back into) harvesting; stored with the key."""
+    from rsi.mol.state import set_harvest
+
+    set_harvest(_store(migrate=True), name, on)
+    out.print(f"key {name}: its conversations are {'harvested' if on else 'never harvested'}")
+
+
 @keys_app.command("list")
 def keys_list() -> None:
     """Key names, when they were made, whether revoked (never the keys)."""
@@ -858,8 +880,9 @@ def conversations_prune(
     older_than: float = typer.Option(..., "--older-than", min=0.0, help="days since a conversation's last message"),
     dry_run: bool = typer.Option(False, "--dry-run", help="count them, delete nothing"),
 ) -> None:
-    """Delete the conversations idle for longer than --older-than days, with their messages (a retention policy:
-    the proxy keeps every conversation until then, so a client can continue it)."""
+    """Delete the conversations idle for longer than --older-than days, with their messages and the trajectories
+    harvested from them (a retention policy: the proxy keeps every conversation until then, so a client can
+    continue it)."""
     from datetime import datetime, timedelta, timezone
 
     from rsi.mol.state import prune_conversations

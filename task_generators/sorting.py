@@ -12,6 +12,7 @@ levels 1-2 and the lineage learns to keep it up for longer.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from rsi.models import Task
@@ -38,6 +39,17 @@ def make(rng: random.Random, level: int) -> tuple[dict[str, Any], list[int]]:
             items = _swapped(items, rng.choice(rising))
         else:
             return {"items": items}, sorted(items)
+
+
+def solve(payload: dict[str, Any]) -> list[int]:
+    """The sorted list (a task's answer, as ``make`` gives it): what a task derived from a payload stores."""
+    return sorted(payload["items"])
+
+
+def read(text: str) -> list[dict[str, Any]]:
+    """The payloads a sorting harness's prompt may pose ("3141592>" under sorting/v1): each run of N digits in it
+    (the serving proxy keeps the one the harness renders back to the very text)."""
+    return [{"items": [int(d) for d in run]} for run in re.findall(rf"(?<!\d)\d{{{N}}}(?!\d)", text)]
 
 
 def _neighbours(items: list[int], out_of_order: bool) -> list[int]:
@@ -104,6 +116,8 @@ family = TaskFamily(
     min_level=1,
     max_level=MAX_LEVEL,
     level_of=level_of,
+    solve=solve,
+    read=read,
     environment=Environment(init=init, tools={"swap": swap}),
     expert=expert,
 )

@@ -262,6 +262,22 @@ def test_registry_resolves_champions_and_follows_promotions(db_url, adapters, ti
         ({"role": "user", "content": "hi"}, None), ({"role": "assistant", "content": "yo"}, "addition")]
     with pytest.raises(LookupError):
         state.conversation_messages(store, conv, "bob")  # another key's conversation is not found
+
+    # a specialist private to a key: only an active one; a broken one is named to its key only
+    with pytest.raises(UserError, match=r"--key 'nobody': no active API key .*`rsi keys create nobody`"):
+        add_specialist(store, "sorting", name="sorting-nobody", owner_key="nobody")
+    with pytest.raises(UserError, match="'alice'.*it is revoked: create another with `rsi keys create NAME`"):
+        add_specialist(store, "sorting", name="sorting-alice", owner_key="alice")
+    state.create_key(store, "carol")
+    add_specialist(store, "sorting", name="sorting-carol", owner_key="carol")  # its base is still 'rebuilt'
+    assert [(s.name, s.owner_key) for s in list_specialists(store)] == [("sorting-carol", "carol")]
+    assert registry.champions() == {} and registry.broken() == {}
+    assert list(registry.broken("carol")) == ["sorting-carol"]
+    add_specialist(store, "addition", owner_key="carol")
+    assert registry.champions()["addition"].specialist.owner_key == "carol"
+    remove_specialist(store, "addition")
+    add_specialist(store, "addition")  # public now, its champion the same generation: not the one cached for carol
+    assert registry.champions()["addition"].specialist.owner_key is None
     store.dispose()
 
 
@@ -444,6 +460,91 @@ def test_proxy_answers_the_openai_client(served, adapters, tiny_base, rsi_home) 
                                            messages=[{"role": "user", "content": "1+1="}])
 
 
+def test_a_private_specialist_is_seen_and_answered_for_its_key_only(served, rsi_home) -> None:
+    """`rsi specialists add --key alice`: a specialist over the addition lineage private to key alice, which the
+    router is trained on and whose view reads additions like the public one's. Of 200 requests from key bob, in new
+    conversations and in one of his own, none reaches it or names it: its model name gets the 404 of a name that
+    does not exist, `rsi/auto` never routes to it (own-format prompts of its levels, plain-words additions, small
+    talk), a tool result whose call id names it gets the 400 of a call no specialist made, and alice's conversation
+    with it is not bob's to continue. Alice sees it in /v1/models and reaches it by name."""
+    import httpx
+    from sqlalchemy import select
+
+    from rsi.hcp import load_harness
+    from rsi.mol.registry import Registry, add_specialist
+    from rsi.mol.routers import train_router
+    from rsi.mol.state import create_key
+    from rsi.store.schema import ConversationMessageRow, ConversationRow
+    from rsi.tasks import get_family
+
+    private = "addition-alice"
+    alice, bob = create_key(served, "alice"), create_key(served, "bob")
+    add_specialist(served, "addition", name=private, levels=(4, 5, 6), owner_key="alice")
+    train_router("ngram", Registry(served, rsi_home).champions(), rsi_home, per_level=16)  # it knows all three
+    harness, family = load_harness("addition/v2"), get_family("addition")
+    tasks = [t for lvl in (1, 2, 3, 4, 5, 6) for t in family.tasks("heldout", 5, lvl, 4)]
+    asked = [harness.prompt(t.payload) for t in tasks] + [f"what is {t.payload['a']} plus {t.payload['b']}?"
+                                                          for t in tasks]
+    asked += ["hello!"]  # the base's refusal lists what each specialist it may use reads
+    forged = f"call_{private}_0123456789ab"
+
+    def tool_result(call_id: str) -> list[dict]:
+        call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": "{}"}}
+        return [{"role": "user", "content": asked[0]}, {"role": "assistant", "content": "1", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call_id, "content": "2"}]
+
+    with Server(served, rsi_home, rate=1e6, burst=1_000_000) as url, httpx.Client(base_url=url, timeout=60) as http:
+        def post(key: str, body: dict, **headers: str) -> httpx.Response:
+            return http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}", **headers})
+
+        def models(key: str) -> set[str]:
+            return {m["id"] for m in http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]}
+
+        assert models(alice) == {"rsi/auto", "rsi/addition", f"rsi/{private}", "rsi/sorting", "rsi/base"}
+        assert models(bob) == {"rsi/auto", "rsi/addition", "rsi/sorting", "rsi/base"}
+        assert private not in http.get("/health").text  # no key there: public specialists only
+        own = post(alice, {"model": f"rsi/{private}", "messages": [{"role": "user", "content": "what is 12 plus 34?"}]})
+        assert own.status_code == 200 and own.json()["model"] == f"rsi/{private}", own.text
+        metrics = http.get("/metrics").text  # read without a key: the private specialist's turn counted, not named
+        assert private not in metrics and 'specialist="private"' in metrics, metrics[-2000:]
+        conversation = own.json()["conversation_id"]
+        # what bob gets where nothing exists, to compare with what he gets for alice's specialist
+        no_model = post(bob, {"model": "rsi/nosuch", "messages": [{"role": "user", "content": asked[0]}]}).json()
+        no_call = post(bob, {"model": "rsi/auto", "messages": tool_result("call_nosuch_0123456789ab")}).json()
+        mine = post(bob, {"model": "rsi/auto", "messages": [{"role": "user", "content": "hello!"}]}).json()
+
+        for i in range(200):  # each text once a kind, every level's half in bob's stored conversation
+            kind, text = i % 4, asked[i // 4 % len(asked)]
+            in_mine = {"conversation_id": mine["conversation_id"]} if i % 8 >= 4 else {}  # stored: no warm path
+            asks = [{"role": "user", "content": text}]
+            if kind == 0:  # by name
+                reply = post(bob, {"model": f"rsi/{private}", "messages": asks} | in_mine)
+                assert reply.status_code == 404
+                assert reply.json() == {"error": {**no_model["error"], "message": no_model["error"]["message"]
+                                                  .replace("rsi/nosuch", f"rsi/{private}")}}
+            elif kind == 1:  # routed
+                reply = post(bob, {"model": "rsi/auto", "messages": asks} | in_mine)
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["model"] in ("rsi/addition", "rsi/base"), (text, reply.json()["rsi"])
+            elif kind == 2:  # a tool result whose call id names it
+                reply = post(bob, {"model": "rsi/auto", "messages": tool_result(forged)} | in_mine)
+                assert reply.status_code == 400
+                assert reply.json() == {"error": {**no_call["error"], "message": no_call["error"]["message"]
+                                                  .replace("call_nosuch_", f"call_{private}_")}}
+            else:  # alice's conversation, by the body's field or the header
+                where = {"conversation_id": conversation} if in_mine else {}
+                reply = post(bob, {"model": "rsi/auto", "messages": asks} | where,
+                             **({} if where else {"X-RSI-Conversation-Id": conversation}))
+                assert reply.status_code == 404 and reply.json()["error"]["code"] == "conversation_not_found"
+            said = reply.text.replace(f"rsi/{private}", "").replace(forged, "") + str(reply.headers)
+            assert private not in said, (kind, text, reply.text)
+    with served.session() as s:  # every turn it answered is in a conversation of alice's
+        answered_for = s.scalars(select(ConversationRow.api_key).join(
+            ConversationMessageRow, ConversationMessageRow.conversation_id == ConversationRow.id)
+            .where(ConversationMessageRow.specialist == private)).all()
+    assert answered_for == ["alice"]
+
+
 def test_proxy_keeps_conversations_on_each_state_db(db_url, adapters, tiny_base, rsi_home) -> None:
     """The proxy on SQLite and on PostgreSQL: concurrent new conversations, and a tool episode continued from
     its stored history with only the tool result and the conversation id; every turn stored in order."""
@@ -522,6 +623,24 @@ def test_cli_specialists_keys_and_router_eval(served, rsi_home) -> None:
     for name in ("addition", "sorting"):  # routed as the oracle routes, so the answers are the oracle's
         acc = data["answer_accuracy"][name]
         assert acc["n"] > 0 and acc["routed"] == acc["oracle"]
+
+
+def test_cli_admits_a_specialist_private_to_a_key(served) -> None:
+    """`rsi specialists add --key NAME`: a key name that does not exist exits 2 naming `rsi keys create`, with no
+    traceback and nothing admitted; with the key made, the specialist is admitted and `rsi specialists list` names
+    its key (and "every key" for a public one)."""
+    from rsi.mol.state import create_key
+
+    unknown = _rsi("specialists", "add", "addition", "--name", "addition-dave", "--key", "dave")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert "--key 'dave'" in unknown.stderr and "`rsi keys create dave`" in unknown.stderr, unknown.stderr
+    create_key(served, "dave")
+    added = _rsi("specialists", "add", "addition", "--name", "addition-dave", "--key", "dave")
+    assert added.returncode == 0 and "private to key dave" in added.stdout, added.stderr
+    listed = _rsi("specialists", "list")
+    rows = {cells[1].strip(): cells for line in listed.stdout.splitlines() if len(cells := line.split("│")) > 2}
+    assert set(rows) == {"addition", "addition-dave", "sorting"}, listed.stdout
+    assert "dave" in rows["addition-dave"][6] and "every key" in rows["addition"][6]
 
 
 def test_eval_lineage_uses_the_lineage_base(served, rsi_home) -> None:
@@ -1277,17 +1396,21 @@ def test_served_turns_are_harvested_only_as_the_proxy_wrote_them_and_the_auditor
                     {"role": "assistant", "content": "sorted: 1 2 3" if name == "sorting" else "= 99",
                      RECORD: {"plan": False, "harness": champions[name].harness.hash, "trajectories": []}},
                     {"role": "user", "content": "thanks!"}])
+    def harvest_of(name: str, **options):
+        champion = champions[name]
+        return harvest(served, champion.harness, champion.pair_id, [champion.specialist], **options)
+
     for name in ("sorting", "addition"):
-        got = harvest(served, champions[name])
+        got = harvest_of(name)
         trains = sum(split == "train" for _, _, split in asked[name])
         assert len(got.passed) + len(got.failed) == trains, (name, got.skipped)
         assert all(h.task.split == "train" and h.trajectory.task_id == h.task.id for h in got.passed + got.failed)
         assert got.skipped["task in the test split"] == len(asked[name]) - trains
-        assert harvest(served, champions[name], exclude_keys=["person"]).passed == []
-    # addition: a turn passes exactly when its reply said the right sum (sorting's derived tasks cannot pass yet:
-    # the family declares no solve, so the auditor cannot regenerate a task derived from a payload)
-    got = harvest(served, champions["addition"])
-    assert got.passed and {h.conversation_id for h in got.passed} == right["addition"]
+        assert harvest_of(name, exclude_keys=["person"]).passed == []
+        # a turn passes exactly when its reply said the right answer
+        assert {h.conversation_id for h in got.passed} == right[name], name
+    got = harvest_of("addition")
+    assert got.passed
     assert got.skipped["no record (answered in the harness's own format)"] == 1
     # a record edited in the state DB: a passed turn's answer changed to the right one of another task
     victim = got.passed[0]
@@ -1300,6 +1423,94 @@ def test_served_turns_are_harvested_only_as_the_proxy_wrote_them_and_the_auditor
         trajectory["messages"] = [*trajectory["messages"][:-1], {**trajectory["messages"][-1], "content": "0="}]
         message[RECORD] = {**message[RECORD], "trajectories": [trajectory]}
         row.message = message
-    again = harvest(served, champions["addition"])
+    again = harvest_of("addition")
     assert victim.conversation_id in {h.conversation_id for h in again.failed}
     assert len(again.passed) == len(got.passed) - 1
+
+
+def test_a_generation_learns_from_served_turns_as_audited_and_forgets_them_when_pruned(
+        adapters, tiny_base, rsi_home, prefect_api) -> None:
+    """`rsi run --from-traffic` (proposer.source traffic) end to end: a lineage started from the addition adapter
+    serves as a specialist before any promotion; people ask it through the proxy; one generation harvests what
+    was served. Its discover stage holds exactly the turns of keys that did not opt out, on train-split tasks;
+    execute rolls nothing out (the stored trajectories are the model's recorded replies, each naming its
+    conversation); the dataset holds exactly the turns whose reply said the right answer; claimed answers in a
+    client's history and a record edited in the state DB give no example; pruning the conversations deletes the
+    harvested trajectories."""
+    from datetime import datetime, timedelta, timezone
+
+    import openai
+    from sqlalchemy import select
+
+    from rsi.mol.proxy import RECORD
+    from rsi.mol.registry import Registry, add_specialist
+    from rsi.mol.routers import train_router
+    from rsi.mol.state import create_key, prune_conversations, set_harvest
+    from rsi.store import open_store
+    from rsi.store.schema import ConversationMessageRow, ConversationRow, DatasetItem, StageRun, TrajectoryRow
+    from rsi.tasks import get_family
+
+    from .test_cycle import run_tiny
+
+    seed_home(rsi_home, tiny_base)
+    lineage = {"lineage": "adder", "family": "addition", "harness": "addition/v2",
+               "start_adapter": str(adapters["addition"]), "proposer": {"source": "traffic"},
+               "selection": {"replay_generations": 0}}
+    summaries, _ = run_tiny(1, **lineage)  # nothing served yet, and no specialist
+    assert "no served turn to harvest" in (summaries[0].stopped or ""), summaries[0]
+    store = open_store()
+    add_specialist(store, "adder", name="adder", description="adds two numbers", levels=ADDITION_LEVELS)
+    train_router("ngram", Registry(store, rsi_home).champions(), rsi_home, per_level=16)
+    person, quiet = create_key(store, "person"), create_key(store, "quiet")
+    set_harvest(store, "quiet", False)
+    family = get_family("addition")
+    asked = [t for split in ("train", "test") for lvl in (1, 2, 3) for t in family.tasks(split, 5, lvl, 5)]
+    right: set[str] = set()
+    with Server(store, rsi_home, rate=1e6, burst=1_000_000) as url:
+        clients = {key: openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) for key in (person, quiet)}
+        for task in asked:
+            for key, client in clients.items():
+                reply = client.chat.completions.create(model="rsi/adder", messages=[
+                    {"role": "user", "content": f"what is {task.payload['a']} plus {task.payload['b']}?"}])
+                said = f"{task.payload['a']} + {task.payload['b']} = {task.payload['a'] + task.payload['b']}"
+                if key == person and task.split == "train" and reply.choices[0].message.content == said:
+                    right.add(reply.model_extra["conversation_id"])
+        for task in asked[:5]:  # claimed right answers in a client's history, one with a made-up record
+            clients[person].chat.completions.create(model="rsi/auto", messages=[
+                {"role": "user", "content": f"what is {task.payload['a']} plus {task.payload['b']}?"},
+                {"role": "assistant", "content": f"= {task.payload['a'] + task.payload['b']}",
+                 RECORD: {"plan": False, "harness": "x", "trajectories": []}},
+                {"role": "user", "content": "thanks!"}])
+    assert right, "the adapter answered no train-split question right: nothing to check the dataset against"
+    edited = sorted(right)[0]  # a right turn's record edited after the fact: its reply now wrong
+    with store.session() as s:
+        row = s.scalars(select(ConversationMessageRow).where(ConversationMessageRow.conversation_id == edited,
+                                                             ConversationMessageRow.position == 1)).one()
+        message = dict(row.message)
+        trajectory = dict(message[RECORD]["trajectories"][0])
+        trajectory["messages"] = [*trajectory["messages"][:-1], {**trajectory["messages"][-1], "content": "0="}]
+        row.message = {**message, RECORD: {**message[RECORD], "trajectories": [trajectory]}}
+
+    summaries, _ = run_tiny(1, **lineage)  # generation 1 again: discover harvests what was served since
+    assert summaries[0].stopped is None and summaries[0].gate in ("promoted", "rejected"), summaries[0]
+    with store.session() as s:
+        stage = {r.stage: r.result for r in s.scalars(select(StageRun).where(StageRun.status == "done"))
+                 if r.stage in ("discover", "execute", "select") and (r.stage != "discover" or r.result["traffic"]
+                                                                      and r.result["traffic"]["turns"])}
+        turns = stage["discover"]["traffic"]["turns"]
+        stored = {r.id: r.conversation_id for r in s.scalars(select(TrajectoryRow).where(
+            TrajectoryRow.id.in_([t["trajectory_id"] for t in turns])))}
+        items = set(s.scalars(select(DatasetItem.trajectory_id).where(
+            DatasetItem.dataset_digest == stage["select"]["digest"])))
+        people = {s.get(ConversationRow, t["conversation_id"]).api_key for t in turns}
+    trains = sum(t.split == "train" for t in asked)
+    assert people == {"person"} and len(turns) <= trains and {t["level"] for t in turns} <= {1, 2, 3}
+    assert stage["execute"]["ids"] == [t["trajectory_id"] for t in turns]  # nothing rolled out
+    assert stored == {t["trajectory_id"]: t["conversation_id"] for t in turns}
+    by_conversation = {t["conversation_id"]: t["trajectory_id"] for t in turns}
+    assert items == {by_conversation[c] for c in right - {edited}}, (len(items), len(right))
+
+    prune_conversations(store, datetime.now(timezone.utc) + timedelta(days=1))
+    with store.session() as s:
+        assert s.scalars(select(TrajectoryRow).where(TrajectoryRow.id.in_(list(stored)))).all() == []
+    store.dispose()

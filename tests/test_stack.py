@@ -171,6 +171,36 @@ def test_scheduled_run_is_named_by_generation_with_logs_and_artifacts(served: Se
     assert all(t["state_type"] == "COMPLETED" for t in tasks)
 
 
+def test_no_credential_of_a_deployment_reaches_the_prefect_api(served: Served) -> None:
+    """`rsi deploy` from a shell whose state DB URL and MLflow URI carry passwords and whose engine key is set:
+    no deployment, flow run, variable or block document the Prefect API returns holds any of them; a scheduled
+    run reads them back from the Secret block its job variables name (``secret_environment``)."""
+    secrets = {"RSI_DATABASE_URL": "postgresql+psycopg://rsi:hunter2-db@127.0.0.1:5432/test",
+               "RSI_MLFLOW_TRACKING_URI": "http://rsi:hunter2-ml@127.0.0.1:5999",
+               "RSI_ENGINE_API_KEY": "sk-hunter2-engine"}
+    env = served.env | secrets | {"RSI_PREFECT_API_URL": served.api}
+    deployed = subprocess.run([sys.executable, "-m", "rsi", "deploy", "secretive", "--family", "addition", "--cron",
+                               "0 0 1 1 *", "--profile", "tiny"], capture_output=True, text=True, cwd=REPO,
+                              timeout=600, env=env)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/secretive").json()
+    assert deployment["job_variables"]["env"]["RSI_SECRET_BLOCK"] == "rsi-secretive-env"
+    assert deployment["job_variables"]["env"]["RSI_HOME"] == str(served.home)
+    returned = [served.post(path, {}) for path in ("/deployments/filter", "/flow_runs/filter", "/variables/filter",
+                                                   "/block_documents/filter", "/work_pools/filter")]
+    text = json.dumps(returned)
+    assert "secretive" in text  # the search sees the new deployment
+    for value in ("hunter2", "sk-hunter2-engine", "rsi:hunter2"):
+        assert value not in text
+    read_back = subprocess.run(
+        [sys.executable, "-c", "import json, os; from rsi.flows.runtime import secret_environment; "
+         "secret_environment(); print(json.dumps({k: os.environ.get(k) for k in "
+         f"{sorted(secrets)!r}}}))"], capture_output=True, text=True, cwd=REPO, timeout=300,
+        env=served.env | {"RSI_SECRET_BLOCK": "rsi-secretive-env", "PREFECT_API_URL": served.api})
+    assert read_back.returncode == 0, read_back.stderr[-2000:]
+    assert json.loads(read_back.stdout.strip().splitlines()[-1]) == secrets
+
+
 # -- the UIs, seen -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():

@@ -28,6 +28,27 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     store.dispose()
 
 
+def test_specialists_admitted_before_0008_stay_public(db_url: str) -> None:
+    """0008 adds the key a specialist is private to: a specialist admitted before it keeps its row and serves every
+    key (no owner); going back to 0007 keeps the row too."""
+    from rsi.mol.registry import list_specialists
+
+    store = Store(db_url)
+    store.upgrade("0007")
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO rsi_lineages (name, family, spec, created_at) "
+                          "VALUES ('add', 'addition', '{}', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO rsi_specialists (name, lineage, description, levels, created_at) "
+                          "VALUES ('add', 'add', 'adds', '[1, 2]', CURRENT_TIMESTAMP)"))
+    store.upgrade()
+    [spec] = list_specialists(store)
+    assert (spec.name, spec.levels, spec.owner_key) == ("add", (1, 2), None)
+    store.downgrade("0007")
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT name, description FROM rsi_specialists")).all() == [("add", "adds")]
+    store.dispose()
+
+
 def test_migrations_match_models(db_url: str) -> None:
     store = open_store(db_url)
     with store.engine.connect() as conn:

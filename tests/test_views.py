@@ -52,8 +52,7 @@ def test_the_answer_is_said_as_the_pair_gave_it() -> None:
 @pytest.mark.parametrize("harness", ["addition/v2", "sorting/v1"])
 def test_the_harnesss_own_prompt_is_told_from_a_message_no_view_reads(harness: str) -> None:
     """The proxy sends a message that no view reads and that is not the specialist's own prompt to the base, never
-    to the specialist's raw format: so each built-in family's own prompt must be recognizable (sorting has no
-    TaskFamily.read: its view's ``own`` reads it)."""
+    to the specialist's raw format: so each built-in family's own prompt must be recognizable (TaskFamily.read)."""
     from types import SimpleNamespace
 
     from rsi.hcp import load_harness

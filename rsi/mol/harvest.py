@@ -14,10 +14,9 @@ What is read, and what is trusted:
   replayed on the family's environment against the logged results. A record edited after the fact fails there.
 
 A turn the proxy answered in the harness's own format (no view read it) keeps no record, and a plan's turn is
-left out: its trajectories are the plan's calls, not the posed task's (both: ``skipped`` says so). A family the
-auditor cannot derive a task of from its payload (``TaskFamily.derive``: sorting declares no ``solve`` yet) has
-its turns judged and failed by ``ids_consistent``. What is not here yet: a cycle stage that trains on the passed
-turns (``rsi run FAMILY --from-traffic``) and a key's opt-out stored with the key (``exclude_keys`` meanwhile).
+left out: its trajectories are the plan's calls, not the posed task's (both: ``skipped`` says so). The cycle trains on
+the harvest (``rsi run FAMILY --from-traffic``: ``rsi.run.proposals.Proposer.traffic``); a key opts out with ``rsi
+keys harvest NAME --off``.
 """
 
 from __future__ import annotations
@@ -52,35 +51,43 @@ class Harvest:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def harvest(store: Any, champion: Any, exclude_keys: Collection[str] = ()) -> Harvest:
-    """The turns the specialist ``champion.specialist.name`` answered, in every conversation of keys not in
-    ``exclude_keys``, judged under ``champion.harness`` (a registry ``Champion``)."""
+def harvest(store: Any, harness: Any, pair_id: str, specialists: Collection[Any],
+            exclude_keys: Collection[str] = (), upto: int | None = None) -> Harvest:
+    """The turns the pair ``pair_id`` under ``harness`` answered as one of ``specialists`` (registry
+    ``Specialist`` rows, usually one lineage's), judged again. Read: conversations of keys that did not opt out
+    (``rsi keys harvest NAME --off``) and are not in ``exclude_keys``; where a specialist is private to a key, that
+    key's conversations only (a tenant's adapter learns from its own traffic); ``upto``: messages stored up to
+    that id only."""
     from rsi.audit import audit
     from rsi.errors import UserError
     from rsi.models import Trajectory
     from rsi.mol.proxy import RECORD
     from rsi.mol.views import VIEWS, posed_task
     from rsi.pair import Responder
-    from rsi.store.schema import ConversationMessageRow, ConversationRow
+    from rsi.store.schema import ApiKeyRow, ConversationMessageRow, ConversationRow
     from rsi.tasks import get_family
 
-    harness, name = champion.harness, champion.specialist.name
     family = get_family(harness.document.family)
     view = VIEWS.get(family.name)
-    pair = Responder(harness, None, champion.pair_id, champion.adapter_dir, family)  # derives tasks, decodes nothing
+    owners = {s.name: s.owner_key for s in specialists}
+    private = {o for o in owners.values() if o is not None}
+    pair = Responder(harness, None, pair_id, None, family)  # derives tasks, decodes nothing
     out = Harvest()
     with store.session() as s:
-        rows = s.execute(select(ConversationMessageRow.conversation_id, ConversationMessageRow.position,
-                                ConversationMessageRow.message, ConversationMessageRow.specialist)
-                         .join(ConversationRow, ConversationRow.id == ConversationMessageRow.conversation_id)
-                         .where(ConversationRow.api_key.not_in(list(exclude_keys)))
-                         .order_by(ConversationMessageRow.conversation_id, ConversationMessageRow.position)).all()
+        query = (select(ConversationMessageRow.conversation_id, ConversationMessageRow.position,
+                        ConversationMessageRow.message, ConversationMessageRow.specialist, ConversationRow.api_key)
+                 .join(ConversationRow, ConversationRow.id == ConversationMessageRow.conversation_id)
+                 .join(ApiKeyRow, ApiKeyRow.name == ConversationRow.api_key)
+                 .where(ApiKeyRow.harvest.is_(True), ConversationRow.api_key.not_in(list(exclude_keys)))
+                 .order_by(ConversationMessageRow.conversation_id, ConversationMessageRow.position))
+        query = query.where(ConversationMessageRow.id <= upto) if upto is not None else query
+        rows = s.execute(query.where(ConversationRow.api_key.in_(private)) if private else query).all()
     last_user: dict[str, str] = {}
-    for conversation, position, message, who in rows:
+    for conversation, position, message, who, key in rows:
         if message.get("role") == "user":
             last_user[conversation] = message.get("content") if isinstance(message.get("content"), str) else ""
             continue
-        if message.get("role") != "assistant" or who != name:
+        if message.get("role") != "assistant" or who not in owners or owners[who] not in (None, key):
             continue
         record = message.get(RECORD)
         if not isinstance(record, dict):
@@ -91,6 +98,9 @@ def harvest(store: Any, champion: Any, exclude_keys: Collection[str] = ()) -> Ha
             continue
         if record.get("harness") != harness.hash:
             out.skipped["answered under another harness"] += 1
+            continue
+        if record.get("pair") != pair_id:
+            out.skipped["answered by another pair (an earlier champion)"] += 1
             continue
         text = last_user.get(conversation, "")
         try:

@@ -382,15 +382,21 @@ class Service:
             return self._recent.peek(("key", key))
         return self._recent.get(("key", key), lambda: key_owner(self.store, key))
 
-    def champions(self) -> dict[str, Any]:
-        """The registry's champions (remembered for ``CACHE_S``: a promotion reaches the proxy within it)."""
-        return self._recent.get("champions", self.registry.champions)
+    def champions(self, owner: str | None = None) -> dict[str, Any]:
+        """The registry's champions the key named ``owner`` sees: the public ones and its own private ones (None:
+        the public ones); remembered for ``CACHE_S``, so a promotion reaches the proxy within it. Every path of a
+        request (the model name, the views, the router, a tool result, ``/v1/models``) reads only these."""
+        from rsi.mol.registry import visible
 
-    def warm(self) -> dict[str, Any] | None:
-        """The champions, when a turn can be routed and sent with them without waiting on anything (they are
-        remembered, every one's base is loaded, the router runs no model), else None. A champion's base not yet
-        loaded is sent to be loaded in the background (once), so a specialist no request has reached yet does
-        not keep every request off this path."""
+        return visible(self._recent.get("champions", self.registry.champions), owner)
+
+    def warm(self, owner: str | None = None) -> dict[str, Any] | None:
+        """The champions ``owner`` sees (as ``champions``), when a turn can be routed and sent with them without
+        waiting on anything (they are remembered, every one's base is loaded, the router runs no model), else
+        None. A champion's base not yet loaded is sent to be loaded in the background (once), so a specialist no
+        request has reached yet does not keep every request off this path."""
+        from rsi.mol.registry import visible
+
         champions = self._recent.peek("champions")
         if not champions or self.router.decodes:
             return None
@@ -402,7 +408,7 @@ class Service:
             for base_dir in missing:
                 self._threads.submit(self._preload, base_dir)
             return None
-        return champions
+        return visible(champions, owner)
 
     def _preload(self, base_dir: Path) -> None:
         try:
@@ -621,8 +627,8 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        try:  # the champions' engines start loading in the background
-            await run_in_threadpool(lambda: service.champions() and service.warm())
+        try:  # the champions' engines start loading in the background (warm loads private ones' bases too)
+            await run_in_threadpool(lambda: (service.champions(), service.warm()))
         except Exception:  # a request meets the problem and gets its error; the proxy still starts
             log.exception("cannot read the specialists at startup")
         yield
@@ -750,6 +756,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.get("/health")
     def health() -> dict[str, Any]:  # a worker thread: no request holds one while its reply decodes
+        # no key is asked here, so only public specialists are named
         return {"status": "ok", "specialists": sorted(service.champions()), "router": config.router,
                 "not_served": sorted(service.registry.broken())}
 
@@ -759,8 +766,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
-        owner_of(request)
-        champions = service.champions()
+        champions = service.champions(owner_of(request))
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "rsi"}
                                            for m in service.model_ids(champions)]}
 
@@ -784,7 +790,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         messages = [m for m, _ in history] + added
         specialists = [who for _, who in history] + [None] * len(added)
         started = time.perf_counter()
-        champions = champions or service.champions()
+        champions = champions or service.champions(owner)
         route = service.choose(req.model, messages, specialists, champions)
         routing_s.observe(time.perf_counter() - started)
         future, finish = service.begin_answer(route, champions, messages, req, specialists)
@@ -812,7 +818,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             raise _validation_error(exc.errors()) from None
         times = {"auth": lap()}
         conversation_id = req.conversation_id or request.headers.get(CONVERSATION_HEADER)
-        champions = None if conversation_id else service.warm()
+        champions = None if conversation_id else service.warm(owner)
         if champions is not None:  # a new conversation, nothing to wait for: on the event loop, no thread hop
             prepared = begin(req, owner, None, champions)
         else:  # a stored conversation to read, a base to load, or a router that decodes: on a worker thread
@@ -834,7 +840,8 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                            "omit conversation_id to start a new one", param="conversation_id",
                            code="conversation_not_found") from None
         times["store"] = lap()
-        routed.labels(who, route.router).inc()
+        # /metrics is read without a key: a specialist private to a key is counted, never named
+        routed.labels(who if who == BASE or who in service.champions() else "private", route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
         info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,

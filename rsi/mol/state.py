@@ -59,12 +59,24 @@ def revoke_key(store: Store, name: str) -> None:
         row.revoked_at = utcnow()
 
 
+def set_harvest(store: Store, name: str, on: bool) -> None:
+    """Whether the key ``name``'s conversations may be harvested as training data (``rsi.mol.harvest``)."""
+    from rsi.store.schema import ApiKeyRow
+
+    with store.session() as s:
+        row = s.get(ApiKeyRow, name)
+        if row is None:
+            known = ", ".join(s.scalars(select(ApiKeyRow.name).order_by(ApiKeyRow.name))) or "none"
+            raise UserError(f"no key named {name!r} (keys: {known}); `rsi keys list` shows them")
+        row.harvest = on
+
+
 def list_keys(store: Store) -> list[dict[str, Any]]:
     from rsi.store.schema import ApiKeyRow
 
     with store.session() as s:
-        return [{"name": r.name, "created_at": r.created_at.isoformat(), "revoked": r.revoked_at is not None}
-                for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
+        return [{"name": r.name, "created_at": r.created_at.isoformat(), "revoked": r.revoked_at is not None,
+                 "harvested": r.harvest} for r in s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
 
 
 def key_owner(store: Store, key: str) -> str | None:
@@ -134,13 +146,15 @@ def conversation_messages(store: Store, conversation_id: str, owner: str) -> lis
 
 
 def prune_conversations(store: Store, before: Any, batch: int = 1000, dry_run: bool = False) -> int:
-    """Delete the conversations with no message since ``before`` (a UTC datetime), and their messages; returns
-    how many (``dry_run``: counts them, deletes nothing). ``batch`` conversations a transaction, so a proxy's
-    writes never wait on a long one. A turn sent to a conversation while it is deleted gets a LookupError
-    (``append_messages``)."""
+    """Delete the conversations with no message since ``before`` (a UTC datetime), their messages and the
+    trajectories harvested from them (with their verdicts, and their places in training sets: the adapters trained
+    on them stay, their data does not); returns how many (``dry_run``: counts them, deletes nothing). ``batch``
+    conversations a transaction, so a proxy's writes never wait on a long one. A turn sent to a conversation
+    while it is deleted gets a LookupError (``append_messages``)."""
     from sqlalchemy import delete
 
-    from rsi.store.schema import ConversationMessageRow as M, ConversationRow as C
+    from rsi.store.schema import ConversationMessageRow as M, ConversationRow as C, DatasetItem
+    from rsi.store.schema import TrajectoryRow as T, VerdictRow
 
     recent = select(M.id).where(M.conversation_id == C.id, M.created_at >= before).exists()
     stale = select(C.id).where(C.created_at < before, ~recent)
@@ -153,6 +167,10 @@ def prune_conversations(store: Store, before: Any, batch: int = 1000, dry_run: b
             ids = conn.scalars(stale.limit(batch)).all()
             if not ids:
                 return deleted
+            harvested = select(T.id).where(T.conversation_id.in_(ids))
+            conn.execute(delete(DatasetItem).where(DatasetItem.trajectory_id.in_(harvested)))
+            conn.execute(delete(VerdictRow).where(VerdictRow.trajectory_id.in_(harvested)))
+            conn.execute(delete(T).where(T.conversation_id.in_(ids)))
             conn.execute(delete(M).where(M.conversation_id.in_(ids)))
             conn.execute(delete(C).where(C.id.in_(ids)))
         deleted += len(ids)

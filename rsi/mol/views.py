@@ -30,8 +30,6 @@ class View:
     read: Callable[[str], dict[str, Any] | None]
     say: Callable[[dict[str, Any], Any], str]
     asks: str  # what the family reads, for a refusal: "an addition of two whole numbers ('12 + 34')"
-    # the payloads a prompt of the family's harnesses may pose, where the family has no reader (TaskFamily.read)
-    own: Callable[[str], list[dict[str, Any]]] | None = None
 
 
 # ---- reading ------------------------------------------------------------------------------------------------------
@@ -108,13 +106,6 @@ def read_list(text: str) -> dict[str, Any] | None:
     return None
 
 
-def own_lists(text: str) -> list[dict[str, Any]]:
-    """The payloads a sorting harness's prompt may pose ("3141592>" under sorting/v1): each run of 7 digits in it
-    (``own_prompt`` keeps the one the harness renders back to the very text). The family has no reader of its own
-    yet: this moves to ``task_generators/sorting.py`` when measured code next changes."""
-    return [{"items": [int(d) for d in run]} for run in re.findall(rf"(?<!\d)\d{{{SORT_LENGTH}}}(?!\d)", text)]
-
-
 def say_list(payload: dict[str, Any], outcome: Any) -> str:
     """The list as the pair's calls left it (the family's outcome: the replayed final state)."""
     return "sorted: " + " ".join(map(str, outcome["state"]["items"]))
@@ -122,34 +113,28 @@ def say_list(payload: dict[str, Any], outcome: Any) -> str:
 
 VIEWS: dict[str, View] = {
     "addition": View(read_sum, say_sum, "an addition of two whole numbers ('12 + 34', 'what is 12 plus 34?')"),
-    "sorting": View(read_list, say_list, "a list of 7 digits to sort ('sort 3 1 4 1 5 9 2')", own_lists),
+    "sorting": View(read_list, say_list, "a list of 7 digits to sort ('sort 3 1 4 1 5 9 2')"),
 }
 
 
 # ---- the harness's own format -------------------------------------------------------------------------------------
 
 
-def _own_reader(champion: Any) -> Callable[[str], list[dict[str, Any]]] | None:
-    """What reads payloads from a prompt of the champion's harness: its family's ``TaskFamily.read``, else its
-    view's ``own``."""
+def knows_own(champion: Any) -> bool:
+    """Whether the champion's family can tell its harness's own prompt from other text (it reads payloads from a
+    prompt: ``TaskFamily.read``); where it cannot, a message no view reads still goes to the specialist as it is."""
     from rsi.tasks import get_family
 
-    family = champion.harness.document.family
-    view = VIEWS.get(family)
-    return get_family(family).read or (view.own if view is not None else None)
-
-
-def knows_own(champion: Any) -> bool:
-    """Whether the champion's harness's own prompt can be told from other text (``_own_reader``); where it cannot,
-    a message no view reads still goes to the specialist as it is."""
-    return _own_reader(champion) is not None
+    return get_family(champion.harness.document.family).read is not None
 
 
 def own_prompt(champion: Any, text: str | None) -> bool:
     """Whether ``text`` is exactly a prompt the champion's harness renders (its own format: the pair answers it as
     it is, and a client that speaks it keeps doing so)."""
-    reader = _own_reader(champion)
-    for payload in reader(text or "") if reader is not None else ():
+    from rsi.tasks import get_family
+
+    family = get_family(champion.harness.document.family)
+    for payload in family.read(text or "") if family.read is not None else ():
         try:
             if champion.harness.prompt(payload) == text:
                 return True

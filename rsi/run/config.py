@@ -62,17 +62,20 @@ class HarnessSearchSpec(BaseModel):
 
 
 class ProposerSpec(BaseModel):
-    """Where a generation's training tasks come from: the family's generator, or the pair itself proposing them
-    under a proposer harness (its family's rules judge each proposal; ``rsi.run.proposals``)."""
+    """Where a generation's training tasks come from: the family's generator, the pair itself proposing them
+    under a proposer harness (its family's rules judge each proposal; ``rsi.run.proposals``), or the turns people
+    posed to the lineage's specialists through ``rsi serve`` (``rsi.mol.harvest``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    source: Literal["generator", "self", "frozen"] = Field("generator", description=(
+    source: Literal["generator", "self", "frozen", "traffic"] = Field("generator", description=(
         "generator: the family's own tasks at the curriculum's levels. self: the champion proposes them under "
         "`harness` (the same adapter as the solver, its role told by the prompt), and learns from its proposals "
         "the solver found learnable (solve rate within selection.band). frozen: the untrained base proposes, "
-        "and the proposer never trains (an ablation arm: the filter without a proposer that improves)"))
-    harness: str = Field("", description="the proposer's harness (required unless source is generator): a harness "
+        "and the proposer never trains (an ablation arm: the filter without a proposer that improves). traffic: the "
+        "served turns the champion answered as one of the lineage's specialists, harvested and audited again, the "
+        "model's own replies as its trajectories (no rollout)"))
+    harness: str = Field("", description="the proposer's harness (required for self and frozen): a harness "
                          "of a family that declares what it proposes (TaskFamily.proposes)")
     tasks_per_level: int = Field(16, ge=1, description="proposer prompts per curriculum level, each sampled the "
                                  "proposer harness's decoding.samples times")
@@ -122,7 +125,7 @@ class CycleConfig(BaseModel):
     @field_validator("proposer")
     @classmethod
     def _proposer_harness(cls, spec: ProposerSpec) -> ProposerSpec:
-        if spec.source != "generator" and not spec.harness:
+        if spec.source in ("self", "frozen") and not spec.harness:
             raise ValueError(f"proposer.source {spec.source!r} needs proposer.harness (the proposer's harness)")
         return spec
 

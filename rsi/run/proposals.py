@@ -1,7 +1,9 @@
 """The pair proposes its own tasks: what a proposal becomes, and which proposals it learns from.
 
 Where a generation's training tasks come from (``Proposer``, ``run.proposer``): the family's generator at the
-curriculum's levels, or (``proposer.source`` self or frozen) the pair itself, in the discover stage. A proposer
+curriculum's levels, (``proposer.source`` self or frozen) the pair itself, or (traffic) the turns people posed to
+the lineage's specialists, harvested with the champion's replies as trajectories (``Proposer.traffic``), in the
+discover stage. A proposer
 harness is a harness of a family that declares what it proposes (``TaskFamily.proposes``): its tasks ask for a task
 of the lineage's family, and its rules (``family:<rule>`` in the contract) judge each proposal as the auditor judges
 any answer. Three more checks need more than one proposal or must hold whatever the family's rules say: ``novel``
@@ -28,7 +30,7 @@ from rsi.models import Pair, Task, Trajectory, Verdict
 from rsi.pair import sampling_params
 from rsi.pair.text import model_input, training_parts
 from rsi.run.config import CycleConfig
-from rsi.run.results import Champion, Proposal, Proposed
+from rsi.run.results import Champion, Proposal, Proposed, Traffic, TrafficTurn
 from rsi.select import Dataset, Example
 from rsi.splits import stream_seed
 from rsi.store.harnesses import lock_harness
@@ -81,6 +83,49 @@ class Proposer:
                         rejected_by_rule=dict(Counter(p.rejected_by for p in proposals if p.rejected_by)),
                         seconds=time.perf_counter() - start), tasks
 
+    def served_upto(self) -> int:
+        """The newest stored conversation message's id (0: none): what a harvest now reads up to."""
+        from sqlalchemy import func, select
+
+        from rsi.store.schema import ConversationMessageRow
+
+        with self.ledger.store.session() as s:
+            return s.scalar(select(func.max(ConversationMessageRow.id))) or 0
+
+    def traffic(self, generation_id: int, champ: Champion, harness: Harness, ceiling: int,
+                upto: int) -> tuple[Traffic, list[Task]]:
+        """The served turns the champion pair answered as one of this lineage's specialists (``rsi.mol.harvest``:
+        only replies the proxy wrote, the task derived again from the person's message, train split only, keys
+        that opted out left out), stored up to message id ``upto``, at levels up to ``ceiling``: their tasks, and
+        their trajectories stored with the conversation each came from (execute rolls nothing out: the model
+        already answered)."""
+        from rsi.mol.harvest import harvest
+        from rsi.mol.registry import list_specialists
+
+        start = time.perf_counter()
+        mine = [s for s in list_specialists(self.ledger.store) if s.lineage == self.config.lineage]
+        got = harvest(self.ledger.store, harness, champ.pair_id, mine, upto=upto)
+        skipped, turns, tasks, kept = Counter(got.skipped), {}, {}, []
+        for h in sorted(got.passed + got.failed, key=lambda h: (h.conversation_id, h.position)):
+            if h.task.level > ceiling:
+                skipped[f"level above {ceiling} (the harness's ceiling)"] += 1
+            elif h.trajectory.id in turns:  # the same question answered the same way again: one trajectory
+                skipped["the same trajectory as an earlier turn"] += 1
+            else:
+                turns[h.trajectory.id] = TrafficTurn(trajectory_id=h.trajectory.id, task_id=h.task.id,
+                                                     level=h.task.level, conversation_id=h.conversation_id,
+                                                     position=h.position)
+                tasks[h.task.id] = h.task
+                kept.append(h.trajectory)
+        with self.ledger.fence.write() as s:
+            put_tasks(s, tasks.values())
+            put_trajectories(s, kept, generation_id=generation_id,
+                             conversations={t.trajectory_id: t.conversation_id for t in turns.values()})
+        passed = {h.trajectory.id for h in got.passed}
+        return Traffic(pair_id=champ.pair_id, specialists=tuple(s.name for s in mine), turns=tuple(turns.values()),
+                       passed=len(passed & turns.keys()), skipped=dict(skipped),
+                       seconds=time.perf_counter() - start), list(tasks.values())
+
     def with_learnable(self, proposed: Proposed | None, dataset: Dataset, trajectories: Sequence[Trajectory],
                        passed: Collection[str]) -> Dataset:
         """``dataset`` and the proposals whose task the solver found learnable (its pass rate over
@@ -97,7 +142,7 @@ class Proposer:
 def proposer_harness(config: CycleConfig, family: TaskFamily) -> Harness | None:
     """The proposer's harness of ``config`` (None: the generator proposes), checked to propose ``family``'s
     tasks."""
-    if config.proposer.source == "generator":
+    if config.proposer.source in ("generator", "traffic"):
         return None
     if config.labels != "verified":  # learnability is read from the solver's verdicts
         raise UserError(f"proposer.source {config.proposer.source!r} needs labels = 'verified' (got "

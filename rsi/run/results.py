@@ -60,6 +60,27 @@ class Proposed(StageResult):
     seconds: float
 
 
+class TrafficTurn(StageResult):
+    trajectory_id: str
+    task_id: str
+    level: int
+    conversation_id: str
+    position: int = Field(description="the assistant message's position in the conversation")
+
+
+class Traffic(StageResult):
+    """Served turns harvested as this generation's experience (``rsi.mol.harvest``): each one's trajectory is the
+    model's own reply as the proxy recorded it, stored with its conversation; part of the discover stage's
+    result."""
+
+    pair_id: str = Field(description="the champion pair whose turns were harvested")
+    specialists: tuple[str, ...]
+    turns: tuple[TrafficTurn, ...]
+    passed: int = Field(description="turns the harvest's audit passed (the audit stage judges them again)")
+    skipped: dict[str, int] = Field(description="turns not harvested, by why")
+    seconds: float
+
+
 class Discovered(StageResult):
     accuracy: dict[int, float] = Field(description="the champion's held-out greedy accuracy per level")
     frontier: int = Field(description="every level up to this one is mastered")
@@ -70,6 +91,7 @@ class Discovered(StageResult):
     unposable: dict[int, int] = Field(default_factory=dict, description=(
         "levels the curriculum wanted that the champion's harness cannot pose -> tasks it wanted there"))
     proposed: Proposed | None = Field(None, description="the pair's proposals (None: the generator's tasks)")
+    traffic: Traffic | None = Field(None, description="served turns harvested (None: tasks are rolled out)")
 
 
 class Executed(StageResult):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -44,14 +44,19 @@ def put_tasks(session: Session, tasks: Iterable[Task]) -> int:
     return _add_new(session, rows, lambda r: r.id, TaskRow.id)
 
 
-def put_trajectories(session: Session, trajectories: Iterable[Trajectory], generation_id: int | None = None) -> int:
+def put_trajectories(session: Session, trajectories: Iterable[Trajectory], generation_id: int | None = None,
+                     conversations: Mapping[str, str] | None = None) -> int:
+    """Store trajectories new by id; ``conversations``: trajectory id -> the served conversation it was harvested
+    from."""
+    conversations = conversations or {}
     rows = [
         TrajectoryRow(id=t.id, task_id=t.task_id, pair_id=t.pair_id, generation_id=generation_id,
                       harness_id=t.harness_id, sample_index=t.sample_index, seed=t.seed,
                       messages=[m.model_dump(mode="json") for m in t.messages], finish_reason=t.finish_reason,
                       prompt_tokens=t.tokens.prompt, completion_tokens=t.tokens.completion,
                       timings=t.timings.model_dump(mode="json"),
-                      tool_log=[r.model_dump(mode="json") for r in t.tool_log] or None)
+                      tool_log=[r.model_dump(mode="json") for r in t.tool_log] or None,
+                      conversation_id=conversations.get(t.id))
         for t in trajectories
     ]
     return _add_new(session, rows, lambda r: r.id, TrajectoryRow.id)

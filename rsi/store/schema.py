@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import true
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -118,6 +119,8 @@ class TrajectoryRow(Base):
     completion_tokens: Mapped[int]
     timings: Mapped[dict[str, Any]]
     tool_log: Mapped[list[Any] | None]  # episodes only: every tool call with the state hashes around it
+    # harvested from served traffic (``rsi.mol.harvest``): the conversation it came from; None: a rollout
+    conversation_id: Mapped[str | None] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -253,6 +256,7 @@ class SpecialistRow(Base):
     lineage: Mapped[str] = mapped_column(ForeignKey("rsi_lineages.name", ondelete="CASCADE"), index=True)
     description: Mapped[str] = mapped_column(Text, default="")
     levels: Mapped[list[Any]]  # the family's levels its routing examples are drawn from
+    owner_key: Mapped[str | None] = mapped_column(String(64))  # the API key's name it is private to; None: every key's
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -265,6 +269,7 @@ class ApiKeyRow(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    harvest: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # False: opted out
 
 
 class ConversationRow(Base):
