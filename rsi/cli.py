@@ -575,7 +575,13 @@ def run_cmd(
 
         summaries = run_lineage(config, generations, event)
     out.print(f"{len(summaries)} generation(s) run")
-    show_lineage(config.lineage)
+    try:
+        show_lineage(config.lineage)
+    except UserError:
+        if not summaries or summaries[-1].stopped is None:
+            raise
+        out.print(f"lineage {config.lineage} has no version yet: it stopped before a candidate "
+                  f"({summaries[-1].stopped})")
 
 
 @lineage_app.command("show")
