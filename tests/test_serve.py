@@ -1514,3 +1514,15 @@ def test_a_generation_learns_from_served_turns_as_audited_and_forgets_them_when_
     with store.session() as s:
         assert s.scalars(select(TrajectoryRow).where(TrajectoryRow.id.in_(list(stored)))).all() == []
     store.dispose()
+
+
+def test_rsi_run_from_traffic_with_nothing_served_says_why_and_exits_0(tiny_base, rsi_home) -> None:
+    """The CLI before any traffic: the generation stops naming why (no specialist, nothing served), the lineage has
+    no version yet, and that is not an error; --from-traffic with another --proposer is one (exit 2)."""
+    seed_home(rsi_home, tiny_base)
+    run = ["run", "addition", "--profile", "tiny", "--from-traffic", "--generations", "1"]
+    done = _rsi(*run)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "no served turn to harvest" in done.stdout and "has no version yet" in done.stdout, done.stdout[-2000:]
+    both = _rsi(*run, "--proposer", "self")
+    assert both.returncode == 2 and "give one" in both.stderr and "Traceback" not in both.stderr, both.stderr
