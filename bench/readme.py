@@ -225,7 +225,8 @@ def traffic_generation(result: dict[str, Any]) -> str:
         lines.append(f"| {lvl}{mark} | {parent:.3f} | {acc['traffic'][lvl]:.3f} | {acc['ordinary'][lvl]:.3f} |")
     lines += ["", *[f"{arm.capitalize()}: gate {a['status']}, {a['examples']} training examples, {a['steps']} steps."
                     for arm, a in arms.items()],
-              f"Gain at the lowest unmastered level (L{lowest}): traffic-fed "
+              f"Gain at the lowest unmastered level (L{lowest}, the first under the profile's mastery "
+              f"{result['mastery']} on the test split): traffic-fed "
               f"{result['gain']['traffic'][str(lowest)]:+.3f}, ordinary {result['gain']['ordinary'][str(lowest)]:+.3f};"
               f" worst change at another level: traffic-fed {result['worst_other_drop']['traffic']:+.3f}, ordinary "
               f"{result['worst_other_drop']['ordinary']:+.3f}. Training examples from forged or edited turns: "
