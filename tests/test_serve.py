@@ -1494,9 +1494,9 @@ def test_a_generation_learns_from_served_turns_as_audited_and_forgets_them_when_
     summaries, _ = run_tiny(1, **lineage)  # generation 1 again: discover harvests what was served since
     assert summaries[0].stopped is None and summaries[0].gate in ("promoted", "rejected"), summaries[0]
     with store.session() as s:
-        stage = {r.stage: r.result for r in s.scalars(select(StageRun).where(StageRun.status == "done"))
-                 if r.stage in ("discover", "execute", "select") and (r.stage != "discover" or r.result["traffic"]
-                                                                      and r.result["traffic"]["turns"])}
+        # in run order: the second run's discover (what was served) replaces the first's (nothing yet)
+        stage = {r.stage: r.result for r in s.scalars(select(StageRun).where(StageRun.status == "done")
+                                                       .order_by(StageRun.id))}
         turns = stage["discover"]["traffic"]["turns"]
         stored = {r.id: r.conversation_id for r in s.scalars(select(TrajectoryRow).where(
             TrajectoryRow.id.in_([t["trajectory_id"] for t in turns])))}
