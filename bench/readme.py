@@ -191,14 +191,16 @@ def traffic(result: dict[str, Any]) -> str:
              f"`openai` client, model `rsi/auto`, on {specialists}; {templates} templates, {held} of them held out of "
              "the reader's tests; tasks from the **test** split. A task is right when the reply says the right "
              "answer in the view's words (a refusal is wrong).", "",
-             "| asked | turns | right | on seen templates | on held-out templates | not read by a view |",
-             "|---|---|---|---|---|---|"]
+             "| asked | turns | right | on seen templates | on held-out templates | on fresh held-out ones | not "
+             "read by a view |", "|---|---|---|---|---|---|---|"]
     for family in ("addition", "sorting"):
         f = s[family]
+        fresh = f.get("fresh") or {}
+        on_fresh = f"{fresh['right']:.3f} (n {fresh['n']})" if fresh.get("n") else "none asked"
         lines.append(f"| {family} | {f['n']} | {f['right']:.3f} | {f['seen']['right']:.3f} | "
-                     f"{f['held_out']['right']:.3f} | {f['refused']} |")
+                     f"{f['held_out']['right']:.3f} | {on_fresh} | {f['refused']} |")
     lines += [f"| chit-chat | {s['chat']['n']} | kept off the specialists: {s['chat']['right']:.3f} "
-              f"({s['chat']['to_specialist']} reached one) | | | |", "",
+              f"({s['chat']['to_specialist']} reached one) | | | | |", "",
               *[f"{family.capitalize()} per level: " + ", ".join(f"L{lvl} {v['right']:.3f} (n {v['n']})"
                                                                  for lvl, v in s[family]["per_level"].items()) + "."
                 for family in ("addition", "sorting")], "",

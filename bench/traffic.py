@@ -46,10 +46,13 @@ ADDITION_LEVELS = (1, 2, 3, 4, 5, 6)
 class Template:
     """A way a person asks: ``{a}``/``{b}`` (an addition's operands) or ``{spaced}``/``{commas}``/``{listed}``/
     ``{joined}`` (a list's digits: "3 1 4", "3,1,4", "3, 1, 4", "314"); ``held_out``: no phrasing of it is among the
-    reader's tests."""
+    reader's tests; ``fresh``: held out and written before the reader was last changed, without a run of the
+    reader on it (commit 'bench/traffic.py: fresh held-out templates' comes before the reader's change), so the
+    session measures how the reader generalizes, not what it was fitted to."""
 
     text: str
     held_out: bool = False
+    fresh: bool = False
 
     def ask(self, payload: dict[str, Any]) -> str:
         if "items" in payload:
@@ -66,12 +69,18 @@ ADDITION = [Template(t) for t in (
     "can you tell me what {a} plus {b} is?")] + [Template(t, held_out=True) for t in (
     "Please compute the sum of {a} and {b}.", "What do you get when you add {a} and {b}?", "{a} plus {b} is?",
     "what does {a} + {b} equal?", "tell me the answer to {a} + {b}", "{a} plus {b} equals?",
-    "what's the total of {a} and {b}?", "Hey, quick question: what is {a} + {b}?", "please work out {a} plus {b}")]
+    "what's the total of {a} and {b}?", "Hey, quick question: what is {a} + {b}?", "please work out {a} plus {b}")] + [
+    Template(t, held_out=True, fresh=True) for t in (
+        "what do {a} and {b} add up to?", "could you add up {a} and {b} for me?", "sum {a} and {b}", "I need {a} plus {b}",
+        "what is the result of {a} + {b}?", "how much do {a} and {b} make?", "{a} + {b}, what's that?",
+        "Add these: {a} and {b}", "what would {a} plus {b} be?", "add {a} to {b} and tell me the result")]
 SORTING = [Template(t) for t in (
     "sort {spaced}", "Sort {commas} please", "put {spaced} in order", "sort: {joined}", "order these numbers: {spaced}",
     "[{listed}] sorted", "arrange {spaced} in ascending order")] + [Template(t, held_out=True) for t in (
     "could you arrange these: {listed}", "sort these digits: {listed}", "please put these in order: {spaced}",
-    "{spaced} sorted please")]
+    "{spaced} sorted please")] + [Template(t, held_out=True, fresh=True) for t in (
+        "sort the numbers {spaced}", "can you sort this list: {commas}?", "order {listed} from smallest to largest",
+        "I need {spaced} sorted")]
 CHAT = ["hello!", "how are you today?", "What's the capital of France?", "tell me a joke", "thanks, that's all",
         "what is 12?", "1+2+3", "what is 7 times 8?", "sort my life out", "who wrote Hamlet?",
         "what's the weather like?", "can you help me with my homework?", "12 - 5", "what time is it?",
@@ -116,7 +125,8 @@ def script(turns: int, seed: int, per_level: int) -> tuple[list[dict[str, Any]],
         asked[task.id] = task
         template = rng.choice(FAMILIES[kind])
         out.append({"turn": i, "kind": kind, "level": level, "task": task.id, "payload": task.payload,
-                    "template": template.text, "held_out": template.held_out, "text": template.ask(task.payload)})
+                    "template": template.text, "held_out": template.held_out, "fresh": template.fresh,
+                    "text": template.ask(task.payload)})
     return out, asked
 
 
@@ -152,6 +162,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[family] = share(mine) | {
             "refused": sum(r["model"] is None or r["router"] != "view" for r in mine),
             "held_out": share([r for r in mine if r["held_out"]]),
+            "fresh": share([r for r in mine if r.get("fresh")]),
             "seen": share([r for r in mine if not r["held_out"]]),
             "per_level": {lvl: share([r for r in mine if r["level"] == lvl])
                           for lvl in sorted({r["level"] for r in mine})},
@@ -238,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     report = {"command": "python bench/traffic.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "specialists": {n: {"lineage": c.specialist.lineage, "generation": c.generation, "harness": c.harness.id}
                               for n, c in champions.items()},
-              "templates": {f: [{"text": t.text, "held_out": t.held_out} for t in ts] for f, ts in FAMILIES.items()},
+              "templates": {f: [{"text": t.text, "held_out": t.held_out, "fresh": t.fresh} for t in ts]
+                            for f, ts in FAMILIES.items()},
               "summary": summary, "base_swapped": agree, "turns": rows, "swapped_turns": swapped,
               "machine": machine_info(None)}
     write_result(args.out, report, run_config(args))
