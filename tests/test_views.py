@@ -13,14 +13,23 @@ SUMS = ["12+34", "12+34=", "12 + 34", "12 + 34 =", "12 plus 34", "what is 12 plu
         "Add 12 to 34!", "please add 12 and 34", "Could you please add 12 to 34?",
         "can you tell me what 12 plus 34 is?", "the sum of 12 and 34", "What is the sum of 12 and 34?",
         "total of 12 and 34", "12 and 34 added together",
-        "hi, what is 12 plus 34? thanks", "  12   +   34  ", "12 + 34 equals what?", "what is 12 added to 34"]
+        "hi, what is 12 plus 34? thanks", "  12   +   34  ", "12 + 34 equals what?", "what is 12 added to 34",
+        # read by the words of asking and adding (rsi.mol.views._general_sum), not by a pattern of their own
+        "I want to know 12 plus 34", "12 plus 34 makes what?", "show me 12 + 34", "what is 12 + 34 equal to",
+        "hey, could you figure out 12 plus 34 for me", "add together 12 and 34", "give me the total: 12 + 34"]
 NOT_SUMS = ["hello!", "what is the capital of France?", "1+2+3", "-12+34", "1.5+2", "12 - 34", "12 times 34",
-            "add them", "what is 12?", "sort 3 1 4 1 5 9 2", "12+", "+34", "", "tell me a joke about 12 and 34"]
+            "add them", "what is 12?", "sort 3 1 4 1 5 9 2", "12+", "+34", "", "tell me a joke about 12 and 34",
+            "I have 12 cats and 34 dogs", "what is 12 plus 34 minus 5", "is 12 and 34 a good pair?",
+            "what's 2 to the power of 10?", "12,000 + 34", "what is 12 plus 34 times 2", "add 12 to my list of 34"]
 LISTS = ["sort 3 1 4 1 5 9 2", "Sort 3,1,4,1,5,9,2 please", "put 3 1 4 1 5 9 2 in order", "sort: 3141592",
          "order these numbers: 3 1 4 1 5 9 2", "[3, 1, 4, 1, 5, 9, 2] sorted", "please sort [3,1,4,1,5,9,2]",
-         "arrange 3 1 4 1 5 9 2 in ascending order", "sort the list 3 1 4 1 5 9 2 from smallest to largest"]
+         "arrange 3 1 4 1 5 9 2 in ascending order", "sort the list 3 1 4 1 5 9 2 from smallest to largest",
+         # read by the words of asking and sorting (rsi.mol.views._general_list)
+         "could you put the digits 3 1 4 1 5 9 2 in increasing order?", "3,1,4,1,5,9,2 - sort", "rank 3 1 4 1 5 9 2",
+         "I want 3 1 4 1 5 9 2 sorted from lowest to highest"]
 NOT_LISTS = ["sort 3 1 2", "sort 3 1 4 1 5 9 2 6", "sort 31 4 1 5 9 2 7", "sort my life out", "hello", "12 + 34",
-             "sort -3 1 4 1 5 9 2"]
+             "sort -3 1 4 1 5 9 2", "sort 3 1 4 1 5 9 2 by color", "3 1 4 1 5 9 2", "sort 3.1 4 1 5 9 2 6",
+             "reverse 3 1 4 1 5 9 2"]
 
 
 @pytest.mark.parametrize("text", SUMS)

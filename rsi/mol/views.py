@@ -63,15 +63,49 @@ _SUMS = [re.compile(p) for p in (
 )]
 
 
+# The words a request to add or to sort may hold besides its numbers, its operator and its verb: asking, wanting,
+# politeness and the words around a result. A message with any other word (a story, another question, another
+# operation) is not read: a refusal costs a person a rephrasing, a misreading a wrong answer.
+_ASKING = frozenset("""
+    a an the this that these those it its it's that's them what what's whats which how much many is are was be
+    would will could can do does did you your me my i i'd i'm we us let let's please pls kindly just quickly now
+    tell give get show say find work out figure know need want like to of for and then so ok okay hey hi hello
+    thanks thank quick question result answer value number numbers here there""".split())
+_ADDING = frozenset("""
+    add adding added up together sum summed total equal equals equal? make makes gives come comes plus""".split())
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[a-z]+(?:'[a-z]+)?|[^\sa-z\d]")
+_CONNECTORS = {("+",), ("plus",), ("and",), ("to",), ("with",), ("added", "to"), ("plus", "and")}
+
+
+def _general_sum(core: str) -> dict[str, Any] | None:
+    """Two whole numbers joined by a word or sign of adding ("+", "plus", "and", "to", "added to"), every other
+    word one of asking or adding, no other sign than "=", "?" or a comma; None otherwise."""
+    tokens = _TOKEN.findall(core)
+    numbers = [i for i, t in enumerate(tokens) if t[0].isdigit()]
+    if len(numbers) != 2 or any(not tokens[i].isdigit() or len(tokens[i]) > 60 for i in numbers):
+        return None  # not two operands, or a decimal point / digit grouping in one
+    first, second = numbers
+    between = tuple(t for t in tokens[first + 1:second] if t != ",")
+    if between not in _CONNECTORS or (between in {("to",), ("with",)} and "add" not in tokens[:first]):
+        return None
+    rest = tokens[:first] + tokens[second + 1:]
+    if any(t not in _ASKING and t not in _ADDING and t not in ("=", "?", ",", ":") for t in rest):
+        return None
+    if "+" not in between and "plus" not in between and not _ADDING & set(rest) - {"equal", "equals"}:
+        return None  # "12 and 34" alone asks nothing about adding them
+    return {"a": int(tokens[first]), "b": int(tokens[second])}
+
+
 def read_sum(text: str) -> dict[str, Any] | None:
     """Two whole numbers added, in the ways a person asks it ("12+34", "what is 12 plus 34?", "add 12 and 34",
-    "the sum of 12 and 34"); None for anything else (a third operand, a sign, a decimal point, other words)."""
+    "the sum of 12 and 34", "what do 12 and 34 add up to?"); None for anything else (a third operand, a sign, a
+    decimal point, a word that neither asks nor adds)."""
     core = _core(text)
     for pattern in _SUMS:
         if (match := pattern.match(core)) is not None:
             a, b = match.groups()
             return {"a": int(a), "b": int(b)}
-    return None
+    return _general_sum(core)
 
 
 def say_sum(payload: dict[str, Any], answer: Any) -> str:
@@ -91,9 +125,34 @@ _SORTS = [re.compile(p) for p in (
 SORT_LENGTH = 7  # the sorting family's lists: 7 digits (task_generators/sorting.py)
 
 
+_SORTING = frozenset("""
+    sort sorted sorting order ordered reorder arrange arranged put rank list digits digit items in into ascending
+    increasing from smallest lowest least largest highest biggest greatest low high small big first last up
+    following by size""".split())
+_VERBS = frozenset("sort sorted sorting order ordered reorder arrange arranged rank ascending increasing".split())
+
+
+def _general_list(core: str) -> dict[str, Any] | None:
+    """Seven single digits (spaced, with commas, in brackets, or written as one 7-digit number) and a word of
+    sorting, every other word one of asking or sorting; None otherwise."""
+    tokens = _TOKEN.findall(core)
+    digits = [d for t in tokens if t[0].isdigit() for d in t.split(",")]  # "3,1,4" reads as one token
+    if len(digits) == 1 and digits[0].isdigit():
+        digits = list(digits[0])
+    if len(digits) != SORT_LENGTH or any(len(d) != 1 for d in digits):
+        return None
+    words = [t for t in tokens if t[0].isalpha()]
+    if not _VERBS & set(words) or any(w not in _ASKING and w not in _SORTING for w in words):
+        return None
+    if any(t not in ("[", "]", "(", ")", ",", ";", ":", "?", ".", "!") for t in tokens if not t[0].isalnum()):
+        return None  # a sign: "-3" is not a digit to sort
+    return {"items": [int(d) for d in digits]}
+
+
 def read_list(text: str) -> dict[str, Any] | None:
     """A list of digits to sort, as a person asks it ("sort 3 1 2 5 4 7 6", "put 3,1,2,5,4,7,6 in order please",
-    "sort: 3142576"); None for anything else, and for a list the family does not pose (not 7 digits 0-9)."""
+    "sort: 3142576", "can you sort this list: 3,1,2,5,4,7,6?"); None for anything else, and for a list the family
+    does not pose (not 7 digits 0-9)."""
     core = _core(text)
     for pattern in _SORTS:
         if (match := pattern.match(core)) is not None:
@@ -103,7 +162,7 @@ def read_list(text: str) -> dict[str, Any] | None:
             if len(digits) == SORT_LENGTH and all(len(d) == 1 and d.isdigit() for d in digits):
                 return {"items": [int(d) for d in digits]}
             return None
-    return None
+    return _general_list(core)
 
 
 def say_list(payload: dict[str, Any], outcome: Any) -> str:
