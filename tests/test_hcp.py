@@ -490,3 +490,89 @@ def test_a_shipped_version_keeps_its_hash_across_protocol_additions(version: str
     """Stored lineages name these hashes (pairs, verdicts, the harness lock): a field added to HCPDocument later
     (answer.template) must not change the hash of a document that does not set it."""
     assert load_harness(version).hash.startswith(pinned)
+
+
+def _numeric_fields(value: object, path: tuple = ()) -> list[tuple]:
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _numeric_fields(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _numeric_fields(v, (*path, i))]
+    return [path] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def _load_with(tmp_path: Path, source: Path, document: dict, templates: dict[str, str] | None = None):
+    """``source``'s harness folder with ``document`` as its hcp.toml (and ``templates`` written over its own),
+    loaded: the harness, or the UserError; with the seconds it took."""
+    import time
+
+    import tomli_w
+
+    folder = tmp_path / "h"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(source, folder)
+    (folder / "hcp.toml").write_text(tomli_w.dumps(document))
+    for rel, text in (templates or {}).items():
+        (folder / rel).write_text(text)
+    started = time.monotonic()
+    try:
+        outcome: object = load_harness(folder)
+    except UserError as exc:
+        outcome = exc
+    return outcome, time.monotonic() - started
+
+
+@pytest.mark.timeout(900)
+def test_every_numeric_field_at_ten_to_the_k_validates_or_is_refused_within_the_budget(tmp_path: Path) -> None:
+    """Each numeric field of the shipped documents (once per field path, in the first document that has it) set to
+    10^k, k = 1..12: the document loads, or a UserError names a field (this one, or the template that would
+    render too much with it; exit 2 at the CLI), within the validation
+    budget (VALIDATE_S) plus the document's own checks. Before the bounds, prompt.vars.width = 10^9 took 10-18 s and
+    10^10 exhausted the machine's memory; decoding.samples = 10^9 was valid."""
+    import tomllib
+
+    from rsi.hcp.document import VALIDATE_S
+
+    seen, outcomes = set(), {}
+    for hcp in sorted((REPO / "harness_versions").glob("*/*/hcp.toml")):
+        base = tomllib.loads(hcp.read_text())
+        for path in _numeric_fields(base):
+            if path in seen:
+                continue
+            seen.add(path)
+            for k in range(1, 13):
+                document = tomllib.loads(hcp.read_text())
+                node = document
+                for key in path[:-1]:
+                    node = node[key]
+                node[path[-1]] = 10 ** k
+                outcome, seconds = _load_with(tmp_path, hcp.parent, document)
+                assert seconds < VALIDATE_S + 5, (path, k, seconds)
+                if isinstance(outcome, UserError):
+                    message = str(outcome)  # a field's bound, a template's render, or what the document would do
+                    assert "Traceback" not in message and ("field '" in message or "hcp.toml" in message), (
+                        path, k, message)
+                outcomes[(".".join(map(str, path)), k)] = "valid" if not isinstance(outcome, UserError) else "refused"
+    assert outcomes[("decoding.samples", 9)] == "refused" and outcomes[("prompt.vars.width", 9)] == "refused"
+    assert outcomes[("decoding.samples", 2)] == "valid"
+
+
+def test_a_template_that_renders_too_much_or_too_long_is_refused(tmp_path: Path, doc2: Path) -> None:
+    """What the document's bounds cannot see: a repetition building a huge string, a render longer than
+    MAX_RENDER_CHARS, nested loops that would run for hours; each refused naming the template field, the loops
+    by the validation's time budget."""
+    import tomllib
+
+    document = tomllib.loads((doc2 / "hcp.toml").read_text())
+    hostile = {
+        "repetition": "{{ 'x' * 1000000000 }}",
+        "power": "{{ 10 ** 100000 }}",
+        "long": "{% for i in range(100000) %}{{ 'abcdefghijklmnopqrstuvwxyz' }}{% endfor %}",
+        "loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+    }
+    for name, text in hostile.items():
+        outcome, seconds = _load_with(tmp_path, doc2, document, {"templates/prompt.j2": text})
+        assert isinstance(outcome, UserError) and "Traceback" not in str(outcome), (name, outcome)
+        if name == "loops":  # the time budget: no single step is too big, together they are
+            assert "validating it took more than" in str(outcome) and seconds < 30, (seconds, outcome)
+        else:
+            assert "field 'prompt.template'" in str(outcome), (name, outcome)

@@ -53,6 +53,38 @@ SAMPLE_LEVELS, SAMPLE_TASKS, SAMPLE_SEED = 3, 3, 0
 PLAN_LEVELS = 25  # a plan is dry-run (right answers fed to its calls) on sample tasks of every level up to this
 
 
+# A harness is untrusted input: every size a document sets is bounded, and so is what its templates render
+# (``rsi.hcp.harness``) and the time its validation takes (``rsi.hcp.load``).
+MAX_TOKENS = 1 << 20  # decoding.max_new_tokens, limits.max_prompt_tokens, limits.max_completion_tokens
+MAX_SAMPLES = 1024  # decoding.samples
+MAX_STEPS = 1024  # limits.max_steps
+MAX_NUMBER = 10**6  # the magnitude of a number in prompt.vars, answer.params or plan.params
+MAX_SETTINGS_CHARS = 100_000  # prompt.vars, answer.params, plan.params, each as JSON
+MAX_RENDER_CHARS = 1_000_000  # one rendered prompt, tool message or answer
+VALIDATE_S = 5.0  # the time budget of a document's validation (its templates rendered on sample tasks)
+
+
+def bounded(settings: dict[str, Any], what: str) -> dict[str, Any]:
+    """``settings`` (JSON values a template or parser reads), refused where a number's magnitude exceeds
+    MAX_NUMBER or the whole exceeds MAX_SETTINGS_CHARS as JSON: sizes a document sets stay sizes a run can
+    afford."""
+    import json
+
+    def numbers(value: Any, where: str) -> None:
+        if isinstance(value, (dict, list)):
+            for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+                numbers(item, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
+            raise ValueError(f"{what}.{where} = {value}: numbers here are at most {MAX_NUMBER:,} in magnitude (a "
+                             "size a template renders or a parser checks)")
+
+    numbers(settings, "")
+    size = len(json.dumps(settings))
+    if size > MAX_SETTINGS_CHARS:
+        raise ValueError(f"{what} is {size:,} characters as JSON; at most {MAX_SETTINGS_CHARS:,}")
+    return settings
+
+
 def required_rules(contract_version: str) -> tuple[str, ...]:
     """The rules a contract of ``contract_version`` must list (REQUIRED_RULES for the current version)."""
     return CONTRACT_VERSIONS.get(contract_version, REQUIRED_RULES)
@@ -90,19 +122,24 @@ class Prompt(Section):
         "mode an episode reads as the prompt, then each assistant turn followed by EOS, each tool message "
         "as this template writes it"))
 
+    @field_validator("vars")
+    @classmethod
+    def _bounded_vars(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        return bounded(value, "prompt.vars")
+
 
 class Decoding(Section):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(ge=1)
-    samples: int = Field(1, ge=1, description="completions per task when the harness's own k is used")
+    max_new_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="completions per task when the harness's own k is used")
     stop: tuple[str, ...] = ()
 
 
 class Limits(Section):
-    max_steps: int = Field(1, ge=1)
-    max_prompt_tokens: int = Field(ge=1)
-    max_completion_tokens: int = Field(ge=1)
+    max_steps: int = Field(1, ge=1, le=MAX_STEPS)
+    max_prompt_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class Answer(Section):
@@ -127,7 +164,7 @@ class Answer(Section):
         if info.data.get("parser") not in parser_names():  # the parser's own error says what is wrong
             return params
         spec = parser_spec(info.data["parser"])
-        return spec.params.model_validate(params).model_dump(mode="json")
+        return spec.params.model_validate(bounded(params, "answer.params")).model_dump(mode="json")
 
 
 class Plan(Section):
@@ -136,6 +173,11 @@ class Plan(Section):
         "harness can pose, e.g. a long addition as additions of digit chunks; the parts are tasks of the "
         "family, audited like any other, and the task's answer is composed from their answers"))
     params: dict[str, JsonValue] = Field(default_factory=dict, description="the plan's own settings")
+
+    @field_validator("params")
+    @classmethod
+    def _bounded_params(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        return bounded(value, "plan.params")
 
 
 class ToolCalls(Section):

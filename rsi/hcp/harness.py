@@ -13,16 +13,35 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from rsi import plugins
 from rsi.errors import UserError
 from rsi.hashing import digest, digest_bytes
-from rsi.hcp.document import LATER_FIELDS, HCPDocument
+from rsi.hcp.document import LATER_FIELDS, MAX_RENDER_CHARS, HCPDocument
 from rsi.parsers import digits_lsb
 
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox (ranges bounded, no attribute escapes), and repetition (``'x' * n``) and powers
+    bounded too: one expression cannot build a value larger than a rendered template may be."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        from jinja2.exceptions import SecurityError
+
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+            raise SecurityError(f"a power with exponent {right} (at most 64)")
+        if operator == "*":
+            size = next((len(a) * b for a, b in ((left, right), (right, left))
+                         if isinstance(a, (str, list, tuple)) and isinstance(b, int)), 0)
+            if size > MAX_RENDER_CHARS:
+                raise SecurityError(f"a repetition of {size:,} items (at most {MAX_RENDER_CHARS:,})")
+        return super().call_binop(context, operator, left, right)
+
+
 def template_env(family: str | None = None) -> ImmutableSandboxedEnvironment:
-    """The only environment harness templates are rendered in: sandboxed, strict about undefined names; with
-    ``family``, its filters too (``TaskFamily.filters``; an unknown family has none: the document's check names
-    it)."""
-    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
+    """The only environment harness templates are rendered in: sandboxed (``_Sandbox``), strict about undefined
+    names; with ``family``, its filters too (``TaskFamily.filters``; an unknown family has none: the document's
+    check names it)."""
+    env = _Sandbox(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
     env.filters["digits_lsb"] = digits_lsb
     if family is not None and family in plugins.names("family"):
         from rsi.tasks import get_family
@@ -115,10 +134,19 @@ class Harness:
             "vars": self.document.prompt.vars,
             "tools": [t.model_dump(mode="json") for t in self.document.tools],
         }
+        return self._render(name, field, context)
+
+    def _render(self, name: str, field: str, context: dict[str, Any]) -> str:
+        """Template ``name`` rendered; any failure, or a text longer than MAX_RENDER_CHARS, a TemplateRenderError
+        naming ``field``."""
         try:
-            return self._templates[name].render(context)
+            text = self._templates[name].render(context)
         except Exception as exc:  # an untrusted template may fail in any way; report it, never a traceback
             raise TemplateRenderError(self.folder / name, field, exc) from None
+        if len(text) > MAX_RENDER_CHARS:
+            raise TemplateRenderError(self.folder / name, field, ValueError(
+                f"renders {len(text):,} characters, more than {MAX_RENDER_CHARS:,}"))
+        return text
 
     def render_answer(self, task_payload: dict[str, Any], answer: Any) -> str:
         """A correct reply to the task in this harness's format (``answer.template``), without EOS."""
@@ -128,10 +156,7 @@ class Harness:
                             "this harness's format; add an answer template")
         context = {"task": task_payload, "vars": self.document.prompt.vars, "answer": answer,
                    "tools": [t.model_dump(mode="json") for t in self.document.tools]}
-        try:
-            return self._templates[name].render(context)
-        except Exception as exc:  # noqa: BLE001 - as for prompts: a failed render is reported, never raised raw
-            raise TemplateRenderError(self.folder / name, "answer.template", exc) from None
+        return self._render(name, "answer.template", context)
 
     def render_tool(self, task_payload: dict[str, Any], call: dict[str, Any], result: str) -> str:
         """A tool message: the result of ``call`` (name, arguments) as the model reads it."""
@@ -141,10 +166,7 @@ class Harness:
                             "shown to the model; add a tool template")
         context = {"task": task_payload, "vars": self.document.prompt.vars, "call": call, "result": result,
                    "tools": [t.model_dump(mode="json") for t in self.document.tools]}
-        try:
-            return self._templates[name].render(context)
-        except Exception as exc:  # noqa: BLE001 - as for prompts: a failed render is reported, never raised raw
-            raise TemplateRenderError(self.folder / name, "prompt.tool_template", exc) from None
+        return self._render(name, "prompt.tool_template", context)
 
     def prompt_messages(self, task_payload: dict[str, Any]) -> list[PromptMessage]:
         """What the model is shown for one task: ("system", ...) if there is a system_template, then ("user", ...)."""

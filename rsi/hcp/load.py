@@ -11,6 +11,9 @@ drawn from them is validated in full."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from rsi.errors import UserError
 from rsi.hcp.document import (ANSWER_NAMES, EPISODE_RULES, FAMILY_RULE, LEGACY_CONTRACTS, PLAN_LEVELS,
                               SAMPLE_LEVELS, SAMPLE_SEED, SAMPLE_TASKS, TEMPLATE_FIELDS, TEMPLATE_NAMES, TOOL_NAMES,
-                              HCPDocument)
+                              VALIDATE_S, HCPDocument)
 from rsi.hcp.harness import Harness, TemplateRenderError, template_env
 from rsi.hcp.plays import calls_with_gold, demonstration
 from rsi.models import Task
@@ -297,13 +300,48 @@ def _load(path: str | Path, tolerate: bool) -> Harness:
     tolerate = tolerate or harness.hash in _TOLERATED
     _check_family_rules(file, doc)
     refusals = _refused(lambda: _check_limits(file, doc), tolerate)
-    refusals += _refused(lambda: _check_renders(file, harness), tolerate)
-    if doc.plan is not None:
-        _check_plan(file, harness)
-    if doc.tools:
-        refusals += _refused(lambda: _check_episodes(file, harness), tolerate)
+    with _time_budget(file, VALIDATE_S):
+        refusals += _refused(lambda: _check_renders(file, harness), tolerate)
+        if doc.plan is not None:
+            _check_plan(file, harness)
+        if doc.tools:
+            refusals += _refused(lambda: _check_episodes(file, harness), tolerate)
     harness.warnings += tuple(f"tolerated for repair: {r}" for r in refusals)
     return harness
+
+
+class _OverBudget(BaseException):
+    """The validation's time budget ran out (a BaseException: a template's own error handling cannot keep it)."""
+
+
+@contextmanager
+def _time_budget(path: Path, seconds: float) -> Iterator[None]:
+    """What runs inside gets ``seconds`` (SIGALRM; in the main thread only, elsewhere it runs unbounded: the proxy
+    and the stages load harnesses that were validated when they were first used). A timer already set (a test's
+    timeout) is kept: the earlier of the two fires, the other's time goes on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _OverBudget
+
+    started, handler = time.monotonic(), signal.signal(signal.SIGALRM, expire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    if 0 < outer < seconds:  # an outer timer due first: it fires as it would have
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, outer)
+    try:
+        yield
+    except _OverBudget:
+        raise UserError(f"{path}: validating it took more than {seconds:g} s (its templates rendered on sample "
+                        "tasks, its plan and the family's episodes dry-run under it): a template or a size the "
+                        "document sets does too much work; make it do less") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        if outer > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
 
 
 def _refused(check: Any, tolerate: bool) -> tuple[str, ...]:
