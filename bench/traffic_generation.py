@@ -4,7 +4,8 @@ through ``rsi serve``, against an ordinary generation of equal steps from the sa
 The parent is a sorting lineage's champion (``--lineage``, default ``mol-sorting``: ``rsi run sorting --profile
 mol-sorting --lineage mol-sorting``). Two lineages start from it (``start_adapter``: its adapter, under its
 harness, with its profile): ``<lineage>-traffic``, admitted as the specialist ``<lineage>-traffic`` (a lineage
-started from an adapter is served before its first promotion), and ``<lineage>-ordinary``.
+started from an adapter is served before its first promotion), and ``<lineage>-ordinary`` (each name ends with
+the run's own tag).
 
 1. ``--turns`` turns through the official ``openai`` client, each a new conversation asking the specialist by
    name to sort a **train**-split list (levels drawn uniformly from the family's, phrasings from
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
     store = open_store()
     parent = parent_of(store, args.lineage)
     harness, profile = parent["harness"], parent["spec"]
-    traffic, ordinary = f"{args.lineage}-traffic", f"{args.lineage}-ordinary"
+    tag = uuid.uuid4().hex[:6]  # the arms' lineages are new in every run (a home can hold several runs)
+    traffic, ordinary = f"{args.lineage}-traffic-{tag}", f"{args.lineage}-ordinary-{tag}"
     folder = Path(harness.path).parent if Path(harness.path).is_file() else Path(harness.path)
     common = ["--profile", args.profile, "--harness", str(folder), "--seed", str(profile["seed"]),
               "--set", f"start_adapter={parent['adapter']}"]
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     forged = set(served["forged"]) | set(tampered)
     report = {"command": "python bench/traffic_generation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "parent": {k: parent[k] for k in ("generation", "pair", "adapter")} | {"harness": harness.id},
+              "lineages": {"traffic": traffic, "ordinary": ordinary},
               "session": {"turns": len(served["turns"]), "right": len(right), "forged": len(served["forged"]),
                           "forged_refused": served["forged_refused"], "tampered": len(tampered),
                           "right_per_level": {lvl: [sum(t["right"] for t in served["turns"] if t["level"] == lvl),
