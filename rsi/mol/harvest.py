@@ -38,26 +38,28 @@ class Harvested:
     position: int
     task: Any
     trajectory: Any
-    verdict: Any
+    verdict: Any = None
 
 
 @dataclass
 class Harvest:
-    """The turns that pass the audit (``passed``), those that do not (``failed``), and the rest by why they were
-    not judged (``skipped``)."""
+    """The turns that pass the audit (``passed``), those that do not (``failed``), those read but left for a later
+    audit (``unjudged``: ``harvest(judge=False)``), and the rest by why they were not read (``skipped``)."""
 
     passed: list[Harvested] = field(default_factory=list)
     failed: list[Harvested] = field(default_factory=list)
+    unjudged: list[Harvested] = field(default_factory=list)
     skipped: Counter[str] = field(default_factory=Counter)
 
 
 def harvest(store: Any, harness: Any, pair_id: str, specialists: Collection[Any],
-            exclude_keys: Collection[str] = (), upto: int | None = None) -> Harvest:
+            exclude_keys: Collection[str] = (), upto: int | None = None, judge: bool = True) -> Harvest:
     """The turns the pair ``pair_id`` under ``harness`` answered as one of ``specialists`` (registry
     ``Specialist`` rows, usually one lineage's), judged again. Read: conversations of keys that did not opt out
     (``rsi keys harvest NAME --off``) and are not in ``exclude_keys``; where a specialist is private to a key, that
     key's conversations only (a tenant's adapter learns from its own traffic); ``upto``: messages stored up to
-    that id only."""
+    that id only. ``judge=False``: each turn's audit is left to the caller (the cycle's audit stage judges every
+    trajectory it stores), so a turn is audited once."""
     from rsi.audit import audit
     from rsi.errors import UserError
     from rsi.models import Trajectory
@@ -119,6 +121,9 @@ def harvest(store: Any, harness: Any, pair_id: str, specialists: Collection[Any]
             trajectories = []
         if len(trajectories) != 1:
             out.skipped["unreadable record"] += 1
+            continue
+        if not judge:
+            out.unjudged.append(Harvested(conversation, position, task, trajectories[0]))
             continue
         judged = Harvested(conversation, position, task, trajectories[0], audit(trajectories[0], task, harness, family))
         (out.passed if judged.verdict.passed else out.failed).append(judged)

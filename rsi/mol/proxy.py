@@ -794,7 +794,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
         route = service.choose(req.model, messages, specialists, champions)
         routing_s.observe(time.perf_counter() - started)
         future, finish = service.begin_answer(route, champions, messages, req, specialists)
-        return conversation_id, continued, added, route, future, finish
+        return conversation_id, continued, added, route, future, finish, champions
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -823,7 +823,7 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             prepared = begin(req, owner, None, champions)
         else:  # a stored conversation to read, a base to load, or a router that decodes: on a worker thread
             prepared = await run_in_threadpool(begin, req, owner, conversation_id)
-        conversation_id, continued, added, route, future, finish = prepared
+        conversation_id, continued, added, route, future, finish, champions = prepared
         times["prepare"] = lap()
         reply, finish_reason, prompt_tokens, completion_tokens, record = finish(await asyncio.wrap_future(future))
         times["engine"] = lap()
@@ -841,7 +841,8 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                            code="conversation_not_found") from None
         times["store"] = lap()
         # /metrics is read without a key: a specialist private to a key is counted, never named
-        routed.labels(who if who == BASE or who in service.champions() else "private", route.router).inc()
+        public = who == BASE or (who in champions and champions[who].specialist.owner_key is None)
+        routed.labels(who if public else "private", route.router).inc()
         tokens.labels("prompt").inc(prompt_tokens)
         tokens.labels("completion").inc(completion_tokens)
         info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,

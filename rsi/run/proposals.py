@@ -3,15 +3,14 @@
 Where a generation's training tasks come from (``Proposer``, ``run.proposer``): the family's generator at the
 curriculum's levels, (``proposer.source`` self or frozen) the pair itself, or (traffic) the turns people posed to
 the lineage's specialists, harvested with the champion's replies as trajectories (``Proposer.traffic``), in the
-discover stage. A proposer
-harness is a harness of a family that declares what it proposes (``TaskFamily.proposes``): its tasks ask for a task
-of the lineage's family, and its rules (``family:<rule>`` in the contract) judge each proposal as the auditor judges
-any answer. Three more checks need more than one proposal or must hold whatever the family's rules say: ``novel``
-(the task's split key was not proposed before in this lineage, nor earlier in the batch), ``train_split`` (a
-held-out or test task is never trained on) and ``level_range`` (a level the family has). An accepted proposal
-becomes the lineage family's task (``TaskFamily.derive``: its split, level and answer are the family's own); the
-solver samples it as it samples any task, and the proposal is learnable when the solver's pass rate on it lies in
-``selection.band``.
+discover stage. A proposer harness is a harness of a family that declares what it proposes
+(``TaskFamily.proposes``): its tasks ask for a task of the lineage's family, and its rules (``family:<rule>`` in the
+contract) judge each proposal as the auditor judges any answer. Three more checks need more than one proposal or
+must hold whatever the family's rules say: ``novel`` (the task's split key was not proposed before in this lineage,
+nor earlier in the batch), ``train_split`` (a held-out or test task is never trained on) and ``level_range`` (a
+level the family has). An accepted proposal becomes the lineage family's task (``TaskFamily.derive``: its split,
+level and answer are the family's own); the solver samples it as it samples any task, and the proposal is learnable
+when the solver's pass rate on it lies in ``selection.band``.
 """
 
 from __future__ import annotations
@@ -104,9 +103,9 @@ class Proposer:
 
         start = time.perf_counter()
         mine = [s for s in list_specialists(self.ledger.store) if s.lineage == self.config.lineage]
-        got = harvest(self.ledger.store, harness, champ.pair_id, mine, upto=upto)
+        got = harvest(self.ledger.store, harness, champ.pair_id, mine, upto=upto, judge=False)  # audit judges
         skipped, turns, tasks, kept = Counter(got.skipped), {}, {}, []
-        for h in sorted(got.passed + got.failed, key=lambda h: (h.conversation_id, h.position)):
+        for h in sorted(got.unjudged, key=lambda h: (h.conversation_id, h.position)):
             if h.task.level > ceiling:
                 skipped[f"level above {ceiling} (the harness's ceiling)"] += 1
             elif h.trajectory.id in turns:  # the same question answered the same way again: one trajectory
@@ -121,9 +120,8 @@ class Proposer:
             put_tasks(s, tasks.values())
             put_trajectories(s, kept, generation_id=generation_id,
                              conversations={t.trajectory_id: t.conversation_id for t in turns.values()})
-        passed = {h.trajectory.id for h in got.passed}
         return Traffic(pair_id=champ.pair_id, specialists=tuple(s.name for s in mine), turns=tuple(turns.values()),
-                       passed=len(passed & turns.keys()), skipped=dict(skipped),
+                       skipped=dict(skipped),
                        seconds=time.perf_counter() - start), list(tasks.values())
 
     def with_learnable(self, proposed: Proposed | None, dataset: Dataset, trajectories: Sequence[Trajectory],

@@ -71,12 +71,11 @@ class TrafficTurn(StageResult):
 class Traffic(StageResult):
     """Served turns harvested as this generation's experience (``rsi.mol.harvest``): each one's trajectory is the
     model's own reply as the proxy recorded it, stored with its conversation; part of the discover stage's
-    result."""
+    result. The audit stage judges them (its result counts the turns that passed)."""
 
     pair_id: str = Field(description="the champion pair whose turns were harvested")
     specialists: tuple[str, ...]
     turns: tuple[TrafficTurn, ...]
-    passed: int = Field(description="turns the harvest's audit passed (the audit stage judges them again)")
     skipped: dict[str, int] = Field(description="turns not harvested, by why")
     seconds: float
 
