@@ -40,7 +40,7 @@ from rsi.run import (
 from rsi.run.data import corrupt
 from rsi.run.judge import pass_rates, wants_search
 from rsi.run.register import done_reason, mastered_up_to
-from rsi.run.results import HarnessTried, judged_summary
+from rsi.run.results import HarnessTried, counts, judged_summary
 from rsi.run.search import search
 from rsi.select import Candidate, select
 from rsi.splits import stream_seed
@@ -271,6 +271,8 @@ def generation(run: Run, number: int, *, direct: bool = False,
         started = time.perf_counter()
         result = stage.fn(run, number, *args) if direct else stage(run, number, *args)
         seconds[stage.name] = time.perf_counter() - started
+        said = f": {counts(result)}" if counts(result) else ""
+        log.info("generation %d: %s done in %.1f s%s", number, stage.name, seconds[stage.name], said)
         on_stage(len(seconds), stage.name)
         return result
 

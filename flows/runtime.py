@@ -25,15 +25,22 @@ if not any(isinstance(h, APILogHandler) for h in _rsi_log.handlers):
     _rsi_log.addHandler(APILogHandler())  # rsi's lines show in the flow and task runs' Logs tab
 
 
+class Progress(str):
+    """A log line that reports a step of long work (``rsi.run.base.PROGRESS``): a terminal shows it as its live
+    line, a pipe or a file is not sent it."""
+
+
 class _Events(logging.Handler):
-    """rsi's log lines, handed to a callback (the CLI's live display, a test's list)."""
+    """rsi's log lines, handed to a callback (the CLI's live display, a test's list); a step of long work as a
+    ``Progress``."""
 
     def __init__(self, events: Events):
         super().__init__(logging.INFO)
         self.events = events
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.events(record.getMessage())
+        message = record.getMessage()
+        self.events(Progress(message) if getattr(record, "progress", False) else message)
 
 
 @contextmanager

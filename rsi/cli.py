@@ -548,6 +548,8 @@ def run_cmd(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
     """Run the lineage's RSI generations as Prefect flows, each candidate registered in MLflow."""
+    from contextlib import nullcontext
+
     from rich.live import Live
     from rich.spinner import Spinner
 
@@ -566,11 +568,14 @@ def run_cmd(
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
     from rsi.flows.cycle import run_lineage
+    from rsi.flows.runtime import Progress
 
+    # a terminal gets a live line (the stage running, its last step); a pipe or a file only the finished lines
     spinner = Spinner("dots", text="starting Prefect and loading the base model")
-    with Live(spinner, console=out, transient=True, refresh_per_second=8) as live:
+    with Live(spinner, console=out, transient=True, refresh_per_second=8) if out.is_terminal else nullcontext():
         def event(message: str) -> None:
-            live.console.print(f"[dim]{message}[/dim]" if "skipped" in message else message)
+            if not isinstance(message, Progress):
+                out.print(f"[dim]{message}[/dim]" if "skipped" in message else message, markup="skipped" in message)
             spinner.update(text=message)
 
         summaries = run_lineage(config, generations, event)

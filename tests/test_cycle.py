@@ -99,6 +99,20 @@ def test_tiny_lineage_end_to_end(backend_db, prefect_api, tiny_base, rsi_home, m
 
     assert_training_data_is_audited_samples(settings.db_url)
 
+    # what `rsi run` shows: each stage's counts as it ends; the training's steps as progress (a terminal's live line)
+    from rsi.flows.runtime import Progress
+    from rsi.run import load_config
+
+    steps = load_config("tiny").train.steps
+    for s in summaries:
+        lines = [e for e in events if e.startswith(f"generation {s.generation}: ")]
+        assert any("audit done in" in e and f": {s.trajectories} trajectories audited" in e for e in lines), lines
+        stepped = [e for e in lines if ": train step " in e]
+        assert stepped and all(isinstance(e, Progress) for e in stepped), lines
+        assert stepped[0].startswith(f"generation {s.generation}: train step 1/{steps}, loss ")
+        assert stepped[-1].startswith(f"generation {s.generation}: train step {steps}/{steps}, loss "), stepped
+        assert not any(isinstance(e, Progress) for e in lines if ": train step " not in e)
+
     explained = subprocess.run([sys.executable, "-m", "rsi", "lineage", "explain", "addition"], capture_output=True,
                                text=True, timeout=300, cwd="/")  # not where MLflow's default store would be
     assert explained.returncode == 0 and "Traceback" not in explained.stderr, explained.stderr[-2000:]
@@ -485,6 +499,9 @@ def test_a_signal_mid_stage_stops_rsi_run_promptly_and_the_generation_resumes(ti
     again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "generation 1: promoted" in again.stdout or "generation 1: rejected" in again.stdout, again.stdout[-2000:]
+    # a pipe gets each stage's finished line with its counts, never the live steps of the training
+    assert "generation 1: audit done in" in again.stdout and "trajectories audited" in again.stdout, again.stdout
+    assert ": train step " not in again.stdout, again.stdout[-2000:]
 
 
 def children(pid: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,17 @@ from rsi.hcp import Harness
 from rsi.run.config import CycleConfig
 
 log = logging.getLogger("rsi.cycle")
+# A log record's ``extra`` for a step of long work: a terminal shows it as the live line, a pipe or file never gets it
+PROGRESS = {"progress": True}
+
+
+def stepping(message: str, steps: int, *args: Any) -> Callable[[int, float], None]:
+    """A callback for steps 1..``steps`` of long work that logs ``message`` (formatted with ``*args``, the step, the
+    steps and the loss) as progress at the first and last step and every tenth of the way."""
+    def step(done: int, loss: float) -> None:
+        if done == 1 or done % max(1, steps // 10) == 0 or done == steps:
+            log.info(message, *args, done, steps, loss, extra=PROGRESS)
+    return step
 
 
 class Base:
@@ -43,12 +55,9 @@ class Base:
         if external is not None:
             return external
 
-        def progress(step: int, steps: int, loss: float) -> None:
-            if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
-                log.info("base model: step %d/%d, loss %.4f", step, steps, loss)
-
         log.info("base model: %s (built once, then cached)", base_dir_for(self.settings, self.recipe))
-        return ensure_base(self.settings, self.recipe, progress=progress)
+        return ensure_base(self.settings, self.recipe, progress=lambda step, steps, loss: stepping(
+            "base model: step %d/%d, loss %.4f", steps)(step, loss))
 
     @cached_property
     def hash(self) -> str:

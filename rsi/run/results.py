@@ -189,6 +189,35 @@ STAGE_RESULTS: dict[str, type[BaseModel]] = {
 }
 
 
+def counts(result: Any) -> str:
+    """A stage result's counts in a few words (``rsi run`` prints one line per stage with them)."""
+    if isinstance(result, Discovered):
+        levels = sorted({p.level for p in result.plan})
+        said = [f"{len(result.task_ids)} tasks at levels {levels[0]}-{levels[-1]}" if levels else "no level to train",
+                f"mastered up to level {result.frontier}"]
+        if result.traffic is not None:
+            said.append(f"{len(result.traffic.turns)} served turns harvested")
+        if result.proposed is not None:
+            said.append(f"{len(result.proposed.task_ids)} of {len(result.proposed.proposals)} proposals accepted")
+        return ", ".join(said)
+    if isinstance(result, Executed):
+        return f"{result.trajectories} trajectories of {result.tasks} tasks"
+    if isinstance(result, Audited):
+        return f"{result.audited} trajectories audited, {result.passed} passed"
+    if isinstance(result, Selected):
+        return f"{result.size} training examples"
+    if isinstance(result, Trained):
+        return f"{result.steps} train steps, loss {result.first_loss:.4f} -> {result.final_loss:.4f}"
+    if isinstance(result, Judged):
+        return f"{'promote' if result.decision.promote else 'reject'} (p={result.decision.p_value:.3g})"
+    if isinstance(result, Registered):
+        return f"version {result.version}{', promoted' if result.promoted else ''}"
+    if isinstance(result, Searched):
+        return (f"{len(result.candidates) + len(result.screened)} candidate harnesses, {len(result.candidates)} "
+                f"judged, {'one adopted' if result.adopted is not None else 'none adopted'}")
+    return ""
+
+
 def read_result(stage: str, generation: int, stored: dict[str, Any]) -> StageResult:
     """A stored stage result, validated against this version's schema (a mismatch is named, not guessed at)."""
     from pydantic import ValidationError

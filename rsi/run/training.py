@@ -11,7 +11,7 @@ from rsi.hashing import digest
 from rsi.hcp import Harness
 from rsi.lineage import LineageRegistry
 from rsi.lineage.record import log_training
-from rsi.run.base import Base
+from rsi.run.base import Base, stepping
 from rsi.run.config import CycleConfig
 from rsi.run.results import Champion, Selected, Trained
 from rsi.select import Dataset
@@ -28,10 +28,12 @@ class Training:
         """The adapter trained on ``dataset`` (from the champion's when ``warm``), its MLflow run logged (per
         candidate ``harness`` when a search migrates one). A lost lease stops training at its next step."""
         losses: list[tuple[int, float, float]] = []
+        shown = stepping("generation %d: train step %d/%d, loss %.4f", spec.steps, number)
 
         def on_step(step: int, loss: float, lr: float) -> None:
             self.fence.check()  # a lost lease stops training at once, not after it
             losses.append((step, loss, lr))
+            shown(step + 1, loss)
 
         parent = Path(champ.adapter_dir) if warm and champ.adapter_dir else None
         start = time.perf_counter()
