@@ -18,6 +18,7 @@ the text by the backend), or nothing when cut by length.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import cached_property
 from itertools import takewhile
@@ -26,10 +27,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rsi.chat import parse_tool_calls
 from rsi.errors import UserError
 from rsi.hcp import Harness, HCPDocument
 from rsi.hcp.document import FAMILY_RULE
-from rsi.hcp.syntax import parse_reply
+from rsi.hcp.syntax import parse_call, parse_reply, render_call
 from rsi.models import Message, Pair, RuleResult, Task, Trajectory, Verdict
 from rsi.parsers import Parsed
 from rsi.substrate import Session, replay, result_text, schema_problem
@@ -303,6 +305,45 @@ def tools_allowed(case: Case) -> RuleResult:
     return _result("tools_allowed", problems)
 
 
+def text_matches_calls(case: Case) -> RuleResult:
+    """Each assistant turn's text, which training reads, writes exactly the calls the turn records, which the replay
+    ran: read as the pair reads it (the harness's ``[tool_calls] syntax``; in chat mode the model's own format, as
+    the ``hf`` backend reads it), the same calls in order with the same arguments as JSON (``2``, ``2.0`` and
+    ``true`` differ), none where it records none; in completion mode a call is the text the syntax renders for it.
+    Nothing to check where the harness exposes no tools (messages_allowed fails any recorded call there)."""
+    if not case.doc.tools:
+        return _result("text_matches_calls", [])
+    problems = []
+    for i, m in enumerate(case.trajectory.messages):
+        if m.role != "assistant":
+            continue
+        recorded = _calls_text([(c.name, c.arguments) for c in m.tool_calls])
+        written = _calls_text(_written_calls(case.harness, m.content))
+        if written != recorded:
+            problems.append(f"message {i}: the text {m.content[:60]!r} writes {written}, the turn records {recorded}")
+        elif m.tool_calls and not case.harness.chat:
+            try:
+                rendered = render_call(case.harness, m.tool_calls[0].name, m.tool_calls[0].arguments)
+            except UserError:  # a tool the harness does not expose, or an argument it does not know: tools_allowed's
+                rendered = m.content
+            if m.content != rendered:
+                problems.append(f"message {i}: the text {m.content[:60]!r} is not its call as the harness writes it, "
+                                f"{rendered!r}")
+    return _result("text_matches_calls", problems)
+
+
+def _written_calls(harness: Harness, text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The calls an assistant turn's text writes, as the pair reads them."""
+    if harness.chat:
+        return [(c.name, c.arguments) for c in parse_tool_calls(text)]
+    call = parse_call(harness, text)
+    return [] if call is None else [call]
+
+
+def _calls_text(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    return "; ".join(f"{name}{json.dumps(arguments, sort_keys=True)}" for name, arguments in calls) or "no call"
+
+
 def results_replayed(case: Case) -> RuleResult:
     """Every call of the episode is logged once, in order, with the result a replay on the family's environment
     gives, and the tool message answering it shows that result as the harness renders it: no forged result."""
@@ -368,6 +409,7 @@ RULES: dict[str, Rule] = {
     "limits": limits,
     "stopped": stopped,
     "tools_allowed": tools_allowed,
+    "text_matches_calls": text_matches_calls,
     "results_replayed": results_replayed,
     "states_replayed": states_replayed,
     "answer_format": answer_format,

@@ -45,13 +45,17 @@ ROOMY = variant(FULL, decoding={"max_new_tokens": 16}, limits={"max_completion_t
 CALC = [{"name": "calc", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}},
                                         "required": ["expr"]}}]
 TIGHT = variant(FULL, decoding={"max_new_tokens": 11})
-# addition has no environment to replay calls on: its message-structure cases leave the replay rules out
-STRUCTURE_RULES = [r for r in CONTRACT_RULES if r not in ("results_replayed", "states_replayed")]
+# addition has no environment to replay calls on: its message-structure cases leave the replay rules out, and
+# text_matches_calls (their calls are recorded with no text that writes them)
+STRUCTURE_RULES = [r for r in CONTRACT_RULES if r not in ("results_replayed", "states_replayed", "text_matches_calls")]
 TOOLS = variant(FULL, tools=CALC, limits={"max_steps": 3, "max_completion_tokens": 40},
                 contract={"rules": STRUCTURE_RULES})
+TEXT = variant(TOOLS, contract={"rules": [*STRUCTURE_RULES, "text_matches_calls"]})
 SORT = load_harness(REPO / "harness_versions/sorting/v1")
+SORT2 = load_harness(REPO / "harness_versions/sorting/v2")  # contract 3: each turn's text is its recorded call
 SORTING = get_family("sorting")
 SORT_TASK = SORTING.task("train", seed=7, level=3, index=0)
+SWAP_1_TASK = SORTING.task("train", seed=7, level=2, index=4)  # its demonstration's first call is swap(1)
 
 
 def pair_of(harness: Harness) -> Pair:
@@ -95,17 +99,24 @@ def episode(*turns: Message, harness: Harness = TOOLS) -> Trajectory:
     return good(harness=harness, messages=(user(), *turns), tokens=TokenCounts(prompt=23, completion=completion))
 
 
-def sort_episode(edit: Any = None) -> Trajectory:
-    """The sorting family's demonstration of SORT_TASK as a recorded episode (token counts as the hf backend
-    reports them), after ``edit(messages, tool_log)`` changes it in place."""
-    messages, log, _ = demonstration(SORT, SORTING, SORT_TASK)
+def sort_episode(edit: Any = None, harness: Harness = SORT, task: Task = SORT_TASK) -> Trajectory:
+    """The sorting family's demonstration of ``task`` as an episode recorded under ``harness`` (token counts as the
+    hf backend reports them), after ``edit(messages, tool_log)`` changes it in place."""
+    messages, log, _ = demonstration(harness, SORTING, task)
     if edit is not None:
         edit(messages, log)
     replies = [m.content for m in messages if m.role == "assistant"]
-    return Trajectory.build(task_id=SORT_TASK.id, pair_id=pair_of(SORT).id, harness_id=SORT.id, sample_index=0,
+    return Trajectory.build(task_id=task.id, pair_id=pair_of(harness).id, harness_id=harness.id, sample_index=0,
                             seed=0, messages=tuple(messages), tool_log=tuple(log), timings=Timings(generate_s=0.01),
                             tokens=TokenCounts(prompt=1 + len(messages[0].content),
                                                completion=sum(len(r) + 1 for r in replies)))
+
+
+def say_swap_2(messages: list[Message], log: list[ToolRecord]) -> None:
+    """Issue 30's forged episode: the first turn's text says swap(2); its recorded call, the tool log, the tool
+    message and so the replay all say swap(1) (SWAP_1_TASK's first call)."""
+    assert messages[1].content == "swap(1)" and messages[1].tool_calls[0].arguments == {"i": 1}
+    messages[1] = messages[1].model_copy(update={"content": "swap(2)"})
 
 
 def forge_result(messages: list[Message], log: list[ToolRecord]) -> None:
@@ -135,7 +146,7 @@ def extra_call(name: str, arguments: dict[str, Any]) -> Any:
 
 
 def failed(traj: Trajectory, task: Task = TASK, harness: Harness = FULL) -> list[str]:
-    family = SORTING if harness is SORT else FAMILY
+    family = SORTING if harness.document.family == "sorting" else FAMILY
     return audit(traj, task, harness, family, pair_of(harness)).failed_rules()
 
 
@@ -210,6 +221,9 @@ CASES = {
     # results_replayed, states_replayed (the auditor replays the calls on the family's environment)
     "forged-tool-result": (sort_episode(forge_result), SORT_TASK, SORT, ["results_replayed"]),
     "edited-state": (sort_episode(edit_state), SORT_TASK, SORT, ["states_replayed"]),
+    # text_matches_calls (training reads the text: it must write the call the replay ran)
+    "text-says-another-call": (sort_episode(say_swap_2, SORT2, SWAP_1_TASK), SWAP_1_TASK, SORT2,
+                               ["text_matches_calls"]),
     "tool-arguments": (episode(Message(role="assistant", content="", tool_calls=(ToolCall(id="c", name="calc", arguments={"expr": 3}),)),
                                tool("c"), assistant(answer_text(TASK.answer))), TASK, TOOLS, ["tools_allowed"]),
     # answer_format, no_extra_content, answer_correct
@@ -325,7 +339,7 @@ def test_audit_never_raises_on_model_valid_input() -> None:
                           finish_reason=rng.choice(["stop", "length", "error"]),
                           tokens=TokenCounts(prompt=rng.randrange(50), completion=rng.randrange(50)),
                           timings=Timings(generate_s=0))
-        harness = rng.choice([FULL, TOOLS, V1])
+        harness = rng.choice([FULL, TOOLS, TEXT, V1])
         verdict = audit(traj, task, harness, FAMILY, rng.choice([None, pair_of(harness)]))
         assert [r.rule for r in verdict.rules] == list(harness.document.contract.rules)
 
@@ -508,3 +522,91 @@ def test_counted_tokens_equal_the_hf_backend(tmp_path: Path) -> None:
     backend.close()
     assert {("stop", 1), ("stop", 2), ("length", 0)} <= seen  # EOS, the stop string '00', cut by length
     assert misses <= 0.05 * total, (misses, total)
+
+
+# ---- text_matches_calls: what training reads of a turn is the call the replay ran (issue 30) ------------------
+
+def test_a_turn_that_says_another_call_than_it_records_fails_contract_3_and_passed_contract_2() -> None:
+    """Issue 30's episode: the text says swap(2), the recorded call, tool log and replay say swap(1), its id
+    recomputed. Under sorting/v1 (contract 2) it passes every rule; under sorting/v2 (contract 3) it fails
+    text_matches_calls, naming the turn; a re-audit of the v1 trajectory under v2 fails that rule alone, and
+    its verdict under v1 stays what it was."""
+    old = sort_episode(say_swap_2, SORT, SWAP_1_TASK)
+    before = audit(old, SWAP_1_TASK, SORT, SORTING, pair_of(SORT))
+    assert before.passed and before.contract_version == "2"
+    new = sort_episode(say_swap_2, SORT2, SWAP_1_TASK)
+    verdict = audit(new, SWAP_1_TASK, SORT2, SORTING, pair_of(SORT2))
+    assert verdict.contract_version == "3" and verdict.failed_rules() == ["text_matches_calls"]
+    assert next(r.detail for r in verdict.rules if r.rule == "text_matches_calls") == (
+        'message 1: the text \'swap(2)\' writes swap{"i": 2}, the turn records swap{"i": 1}')
+    reaudit = audit(old, SWAP_1_TASK, SORT2, SORTING, pair_of(SORT), recorded=SORT)
+    assert reaudit.failed_rules() == ["text_matches_calls"]
+    assert audit(old, SWAP_1_TASK, SORT, SORTING, pair_of(SORT)) == before
+
+
+def test_genuine_episodes_pass_contract_3() -> None:
+    for task in (SORT_TASK, SWAP_1_TASK):
+        traj = sort_episode(None, SORT2, task)
+        assert failed(traj, task, SORT2) == [], task.id
+
+
+def written(text: str) -> Any:
+    """An edit: the first turn's text becomes ``text``; its recorded call (swap(1)), log and replay stay."""
+    def edit(messages: list[Message], log: list[ToolRecord]) -> None:
+        messages[1] = messages[1].model_copy(update={"content": text})
+    return edit
+
+
+@pytest.mark.parametrize(("text", "detail"), [
+    ("swap(1.0)", 'writes swap{"i": 1.0}, the turn records swap{"i": 1}'),  # equal in Python, not in the text
+    ("swap(true)", 'writes swap{"i": true}, the turn records swap{"i": 1}'),
+    ("swap(1,1)", 'writes swap{"_0": 1, "i": 1}, the turn records swap{"i": 1}'),
+    ("done", 'writes no call, the turn records swap{"i": 1}'),
+    ("swap(1)swap(1)", 'writes no call, the turn records swap{"i": 1}'),
+    ("", 'writes no call, the turn records swap{"i": 1}'),
+    ("swap( 1)", "is not its call as the harness writes it, 'swap(1)'"),
+    ("swap(1)\n", "is not its call as the harness writes it, 'swap(1)'"),
+])
+def test_a_turn_whose_text_is_not_exactly_its_recorded_call_fails(text: str, detail: str) -> None:
+    traj = sort_episode(written(text), SORT2, SWAP_1_TASK)
+    verdict = audit(traj, SWAP_1_TASK, SORT2, SORTING, pair_of(SORT2))
+    assert "text_matches_calls" in verdict.failed_rules()
+    got = next(r.detail for r in verdict.rules if r.rule == "text_matches_calls")
+    assert got.startswith(f"message 1: the text {text!r} ") and got.endswith(detail), got
+
+
+def test_a_final_reply_that_writes_a_call_fails() -> None:
+    def say_swap(messages: list[Message], log: list[ToolRecord]) -> None:
+        messages[-1] = messages[-1].model_copy(update={"content": "swap(0)"})
+
+    traj = sort_episode(say_swap, SORT2, SWAP_1_TASK)
+    assert failed(traj, SWAP_1_TASK, SORT2) == ["text_matches_calls", "answer_format", "answer_correct"]
+    verdict = audit(traj, SWAP_1_TASK, SORT2, SORTING, pair_of(SORT2))
+    assert next(r.detail for r in verdict.rules if r.rule == "text_matches_calls") == (
+        'message 5: the text \'swap(0)\' writes swap{"i": 0}, the turn records no call')
+
+
+def test_chat_mode_text_writes_the_recorded_calls_in_the_models_format() -> None:
+    """In chat mode the text is read as the hf backend reads it (Hermes blocks); training reads the text, so a
+    call recorded without its block in the text (an OpenAI server's structured call) fails as well."""
+    from rsi.audit import Case, judge
+
+    raw = SORT2.document.model_dump(mode="json")
+    raw["prompt"]["mode"], raw["tool_calls"] = "chat", None
+    chat = Harness(SORT2.path, HCPDocument.model_validate(raw), SORT2.sources)
+    hermes = '<tool_call>{{"name": "swap", "arguments": {{"i": {}}}}}</tool_call>'.format
+
+    def judged(first: str) -> Any:
+        def edit(messages: list[Message], log: list[ToolRecord]) -> None:
+            for k, m in enumerate(messages):
+                if m.tool_calls:
+                    text = first if k == 1 else hermes(m.tool_calls[0].arguments["i"])
+                    messages[k] = m.model_copy(update={"content": text})
+
+        traj = sort_episode(edit, SORT2, SWAP_1_TASK)
+        return judge("text_matches_calls", Case(traj, SWAP_1_TASK, chat, SORTING, None))
+
+    assert judged(hermes(1)).passed and judged(f"Swapping. {hermes(1)}").passed
+    assert judged(hermes(2)).detail.endswith('writes swap{"i": 2}, the turn records swap{"i": 1}')
+    assert judged("").detail.endswith('writes no call, the turn records swap{"i": 1}')
+    assert not judged("swap(1)").passed

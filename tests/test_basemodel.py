@@ -107,7 +107,7 @@ def test_the_mol_profiles_put_both_demo_lineages_on_one_base() -> None:
     [part] = joint.also
     assert part.model_dump(exclude={"steps"}) == alone.model_dump(include=set(part.model_dump()) - {"steps"})
     assert part.steps == alone.steps
-    assert (addition.family, sorting.family, sorting.harness) == ("addition", "sorting", "harness_versions/sorting/v1")
+    assert (addition.family, sorting.family, sorting.harness) == ("addition", "sorting", "harness_versions/sorting/v2")
 
 
 def test_a_joint_base_trains_both_families_and_measures_each(rsi_home: Path) -> None:

@@ -29,6 +29,7 @@ from .conftest import REPO
 from .fakes import FakeModel
 
 SORT = load_harness(REPO / "harness_versions/sorting/v1")
+SORT2 = load_harness(REPO / "harness_versions/sorting/v2")  # contract 3: each turn's text is its recorded call
 SORTING = get_family("sorting")
 ADD = load_harness(REPO / "harness_versions/addition/v2")
 ADDITION = get_family("addition")
@@ -127,18 +128,20 @@ def test_call_syntax_round_trips_and_non_calls_are_final_replies() -> None:
         assert parse_call(SORT, final) is None
 
 
-def test_episodes_play_tool_calls_and_pass_the_audit() -> None:
+@pytest.mark.parametrize("harness", [SORT, SORT2], ids=lambda h: h.id)
+def test_episodes_play_tool_calls_and_pass_the_audit(harness: Any) -> None:
     tasks = SORTING.tasks("train", 0, 4, 3)
     backend = FakeModel(expert_policy)
     params = SamplingParams(max_new_tokens=10, n=2, temperature=1.0)
-    trajectories = Responder(SORT, backend, "pair-x").episodes(tasks, params)
+    trajectories = Responder(harness, backend, "pair-x").episodes(tasks, params)
     assert len(trajectories) == 6 and backend.calls == 5  # 4 swaps and "done": one batch per turn
     for trajectory, task in zip(trajectories, [t for t in tasks for _ in range(2)]):
         assert [m.role for m in trajectory.messages] == ["user"] + ["assistant", "tool"] * 4 + ["assistant"]
         assert len(trajectory.tool_log) == 4 and trajectory.messages[-1].content == "done"
-        verdict = audit(trajectory, task, SORT, SORTING)
+        verdict = audit(trajectory, task, harness, SORTING)
         assert verdict.passed, verdict.failed_rules()
-    assert trajectories[0].messages == tuple(demonstration(SORT, SORTING, tasks[0]).messages)[:len(trajectories[0].messages)]
+    played = trajectories[0].messages
+    assert played == tuple(demonstration(harness, SORTING, tasks[0]).messages)[:len(played)]
 
 
 def test_an_episode_ends_at_the_step_limit_and_fails_the_audit() -> None:
@@ -220,6 +223,44 @@ def test_rsi_audit_names_the_rule_each_forged_episode_breaks(tmp_path: Any) -> N
     assert {kind: line["failed_rules"] for kind, line in zip(episodes, lines, strict=True)} == {
         "genuine": [], "forged tool result": ["results_replayed"], "edited state": ["states_replayed"],
         "tool not exposed": ["tools_allowed"], "arguments outside the schema": ["tools_allowed"]}
+
+
+def test_rsi_audit_fails_a_turn_whose_text_says_another_call_and_keeps_the_old_verdict(tmp_path: Any,
+                                                                                       rsi_home: Any) -> None:
+    """Issue 30's forged episode (text swap(2), recorded call, tool log and replay swap(1), id recomputed) through
+    ``rsi audit --file``: recorded under sorting/v1 it passes contract 2 and that verdict is stored; recorded under
+    sorting/v2 it gets a failed verdict naming text_matches_calls (exit 0, no traceback) beside a genuine episode
+    that passes; the stored contract-2 verdict stays as it was."""
+    from sqlalchemy import select
+
+    from rsi.audit import AuditRecord
+    from rsi.store import open_store
+    from rsi.store.schema import VerdictRow
+
+    from .test_audit import SORT2, SWAP_1_TASK, say_swap_2, sort_episode
+    from .test_cli import rsi
+
+    def audited(harness: str, *trajectories: Trajectory) -> Any:
+        path = tmp_path / f"{harness.replace('/', '-')}.jsonl"
+        path.write_text("".join(AuditRecord(trajectory=t, task=SWAP_1_TASK).model_dump_json() + "\n"
+                                for t in trajectories))
+        result = rsi("audit", "--file", str(path), "--harness", harness)
+        assert result.returncode == 0 and "Traceback" not in result.stderr + result.stdout, result.stderr
+        return result.stdout
+
+    old = sort_episode(say_swap_2, SORT, SWAP_1_TASK)
+    assert "1 audited: 1 passed, 0 failed" in audited("sorting/v1", old)
+    genuine, forged = sort_episode(None, SORT2, SWAP_1_TASK), sort_episode(say_swap_2, SORT2, SWAP_1_TASK)
+    out = audited("sorting/v2", genuine, forged)
+    assert "2 audited: 1 passed, 1 failed" in out and "text_matches_calls" in out and "fail" in out
+    assert "stored 2 new verdict(s) under contract 3" in out
+    assert "stored 0 new verdict(s) under contract 2" in audited("sorting/v1", old)
+    with open_store().session() as s:
+        rows = {(r.trajectory_id, r.contract_version): r for r in s.scalars(select(VerdictRow))}
+    assert rows.keys() == {(old.id, "2"), (genuine.id, "3"), (forged.id, "3")}
+    assert rows[old.id, "2"].passed and rows[genuine.id, "3"].passed and not rows[forged.id, "3"].passed
+    [rule] = [r for r in rows[forged.id, "3"].rules if not r["passed"]]
+    assert rule["rule"] == "text_matches_calls" and rule["detail"].startswith("message 1: the text 'swap(2)'")
 
 
 def test_the_pyfunc_model_plays_payloads_as_episodes() -> None:

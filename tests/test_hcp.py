@@ -350,6 +350,24 @@ def test_a_tool_harness_must_be_playable(sort_doc: Path) -> None:
         load_harness(sort_doc)
 
 
+def test_contract_3_requires_text_matches_calls_and_sorting_v2_is_v1_under_it(sort_doc: Path) -> None:
+    """sorting/v2 is sorting/v1 (same templates, decoding, limits, tool) under contract 3, which requires
+    text_matches_calls; v1 (contract 2) stays loadable without it, unchanged."""
+    v1, v2 = load_harness("sorting/v1"), load_harness("sorting/v2")
+    assert (v1.contract_version, v2.contract_version, v1.warnings, v2.warnings) == ("2", "3", (), ())
+    assert "text_matches_calls" not in v1.document.contract.rules
+    assert v2.document.contract.rules == (*v1.document.contract.rules[:6], "text_matches_calls",
+                                          *v1.document.contract.rules[6:])
+    assert v2.sources == v1.sources
+    assert v2.document.model_dump(exclude={"version", "description", "contract"}) == v1.document.model_dump(
+        exclude={"version", "description", "contract"})
+    edit(sort_doc, 'version = "2"', 'version = "3"')  # v1's rules under contract 3
+    with pytest.raises(UserError, match=r"field 'contract.rules': missing required rules \['text_matches_calls'\]"):
+        load_harness(sort_doc)
+    edit(sort_doc, '    "tools_allowed",\n', '    "tools_allowed",\n    "text_matches_calls",\n')
+    assert load_harness(sort_doc).contract_version == "3"
+
+
 def test_parser_params_are_typed(doc2: Path) -> None:
     edit(doc2, "params = { width = 11 }", 'params = { width = "11" }')
     with pytest.raises(UserError, match=r"field 'answer.params.width': Input should be a valid integer"):
@@ -397,9 +415,11 @@ def test_v1_is_a_loadable_legacy_contract_and_v2_renders_the_same_prompt() -> No
     v1, v2 = load_harness(REPO / "harness_versions/addition/v1"), load_harness(REPO / "harness_versions/addition/v2")
     assert v1.contract_version == "1" and "legacy" in v1.warnings[0] and "messages_allowed" in v1.warnings[0]
     assert v2.warnings == () and v2.contract_version == "2" and v2.document.answer.require_stop
-    # every rule but the two that replay tool calls (addition has no tools and no environment)
+    # every rule but the two that replay tool calls (addition has no tools and no environment) and the one contract 3
+    # added (text_matches_calls)
     assert v2.document.contract.rules == tuple(r for r in CONTRACT_RULES if r not in ("results_replayed",
-                                                                                       "states_replayed"))
+                                                                                       "states_replayed",
+                                                                                       "text_matches_calls"))
     assert v2.sources == v1.sources and v2.hash != v1.hash
     for payload in ({"a": 0, "b": 0}, {"a": 12, "b": 345}, {"a": 9_999_999_999, "b": 1}):
         assert v2.prompt(payload) == v1.prompt(payload)
@@ -464,8 +484,11 @@ def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) 
     copy = tmp_path / "mine"
     shutil.copytree(v2, copy)
     assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
+    assert resolve_harness("sorting") == shipped_harnesses() / "sorting/v2"
+    shipped = (r"shipped: addition/smollm2-v1, addition/v1, addition/v2, program_proposals/v1, programs/v1, "
+               r"programs/v2, sorting/v1, sorting/v2\. Pass a harness directory")
     for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
-        with pytest.raises(UserError, match=r"shipped: addition/smollm2-v1, addition/v1, addition/v2, program_proposals/v1, programs/v1, programs/v2, sorting/v1\. Pass a harness directory"):
+        with pytest.raises(UserError, match=shipped):
             resolve_harness(bad)
 
 

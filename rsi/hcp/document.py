@@ -18,6 +18,7 @@ CONTRACT_RULES = (
     "limits",
     "stopped",
     "tools_allowed",
+    "text_matches_calls",
     "results_replayed",
     "states_replayed",
     "answer_format",
@@ -30,13 +31,15 @@ FAMILY_RULE = "family:"
 # A harness that exposes tools must list these: the auditor replays every call on the family's environment.
 EPISODE_RULES = ("tools_allowed", "results_replayed", "states_replayed")
 # Without these a verdict means nothing: the task is authentic, the model saw the harness's prompt and
-# nothing else, and the answer is right.
-REQUIRED_RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "answer_correct")
+# nothing else, what training reads of each turn is the call the replay ran, and the answer is right.
+REQUIRED_RULES = ("ids_consistent", "prompt_rendered", "messages_allowed", "text_matches_calls", "answer_correct")
 # Contract version -> the rules a contract of that version must list. Version 1 predates messages_allowed
-# and stopped; its documents (addition/v1) stay loadable, with a warning, because they are immutable.
+# and stopped; its documents (addition/v1) stay loadable, with a warning, because they are immutable. Version 2
+# predates text_matches_calls: its documents stay as they are (their stored verdicts too); new versions use 3.
 CONTRACT_VERSIONS: dict[str, tuple[str, ...]] = {
     "1": ("ids_consistent", "prompt_rendered", "answer_correct"),
-    "2": REQUIRED_RULES,
+    "2": ("ids_consistent", "prompt_rendered", "messages_allowed", "answer_correct"),
+    "3": REQUIRED_RULES,
 }
 LEGACY_CONTRACTS = {
     "1": "it does not require messages_allowed, so a trajectory with messages beyond the rendered prompt "
