@@ -5,15 +5,27 @@ logged once per base hash as a run artifact of the lineage's experiment and only
 (its URI in the model config), then downloaded when the model loads. ``predict`` renders task payloads through
 the harness exactly as the cycle does (``Harness.prompt``), decodes greedily with the harness's limits on the
 ``hf`` backend and parses the reply with the harness's answer parser.
+
+The model ships rsi itself: a wheel of the running rsi (``rsi_wheel``) lies in its artifacts and its
+requirements name it beside the pinned versions of what logged it, so ``mlflow models serve --env-manager
+virtualenv`` (or ``uv``) rebuilds a working environment without the checkout. A signature and an input example
+(payloads of the family's tasks) say what ``predict`` takes.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
+import tomllib
+import warnings
 import weakref
-from importlib.metadata import PackageNotFoundError, version
+import zipfile
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +37,20 @@ if TYPE_CHECKING:
 BASE_ARTIFACT = "base"
 BASE_HASH_TAG, ROLE_TAG, PAIR_TAG = "rsi.base_model_hash", "rsi.role", "rsi.pair_id"
 BASE_COMPLETE_TAG = "rsi.base_logged"  # set last: a base run without it was cut short
-# What loading a pair needs; pinned to what logged it. rsi itself is a local project (not the PyPI "rsi").
-REQUIREMENTS = ("rsi", "mlflow", "torch", "transformers", "peft", "tokenizers", "safetensors")
+# What loading a pair needs, pinned to what logged it (torch with its local label: the CPU build); rsi itself is
+# the wheel in the model's artifacts (the "rsi" on the package index is another project).
+REQUIREMENTS = ("mlflow", "torch", "transformers", "peft", "tokenizers", "safetensors")
+WHEEL_ARTIFACT = "rsi"
 MODEL_CODE = "import mlflow\nfrom rsi.mlmodel import PairModel\n\nmlflow.models.set_model(PairModel())\n"
 
 
 class PairModel(mlflow.pyfunc.PythonModel):
     """One model-harness pair: the referenced base, the adapter artifact (if any) and the harness artifact.
 
-    ``predict`` takes task payloads (``[{"a": 12, "b": 34}]``), prompt strings, or a DataFrame of either
-    (a single ``prompt`` column, or one column per payload field), and returns one dict per input:
+    ``predict`` takes task payloads (``[{"a": 12, "b": 34}]``), prompts (``[{"prompt": "..."}]``; bare prompt
+    strings only where no signature is enforced), or a DataFrame of either (a ``prompt`` column, or one column
+    per payload field); served, ``{"inputs": [...]}`` or ``{"dataframe_records": [...]}`` of the same. It returns
+    one dict per input:
     ``prompt``, ``completion``, ``answer`` (the parsed value, None when the reply does not parse) and
     ``finish_reason``."""
 
@@ -145,32 +161,119 @@ class PairModel(mlflow.pyfunc.PythonModel):
             predictions.append({"turns": [m.content for m in trajectory.messages if m.role == "assistant"],
                                 "calls": len(calls), "completion": trajectory.completion,
                                 "answer": parsed.value if parsed.ok else None,
-                                "final_state": replay(family.environment, task.payload, self.harness.tool_schemas, calls).state,
+                                "final_state": replay(family.environment, task.payload, self.harness.tool_schemas,
+                                                      calls).state,
                                 "finish_reason": trajectory.finish_reason})
         return predictions
 
 
 def _items(model_input: Any) -> list[str | dict[str, Any]]:
-    """Prompt strings and task payloads from a list, one item, or a DataFrame (pyfunc may hand one)."""
+    """Prompt strings and task payloads from a list, one item, or a DataFrame (pyfunc hands one when the input
+    meets the signature): a row with a ``prompt`` is that prompt, any other row a payload of its set fields."""
     if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):
-        columns = list(model_input.columns)
-        if len(columns) == 1 and columns[0] in ("prompt", 0):
-            return [str(p) for p in model_input[columns[0]].tolist()]
-        return model_input.to_dict(orient="records")
+        if list(model_input.columns) == [0]:  # a DataFrame of prompt strings, by position
+            return [str(p) for p in model_input[0].tolist()]
+        rows = [{k: _plain(v) for k, v in row.items() if not _missing(v)}
+                for row in model_input.to_dict(orient="records")]
+        return [str(row["prompt"]) if "prompt" in row else row for row in rows]
     if isinstance(model_input, (str, dict)):
         return [model_input]
     return list(model_input)
 
 
-def pip_requirements() -> list[str]:
-    """The installed versions of what loading a pair imports (explicit: MLflow's inference is a slow subprocess)."""
+def _missing(value: Any) -> bool:
+    """A field a row leaves unset (a column another row has): None or NaN."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-like Python values for what pandas and numpy hand over (arrays, numpy scalars)."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def pip_requirements(wheel: Path) -> list[str]:
+    """The installed versions of what loading a pair imports (explicit: MLflow's inference is a slow subprocess)
+    and rsi's ``wheel`` as the model holds it (a path relative to the model's folder, where MLflow installs)."""
     pins = []
     for name in REQUIREMENTS:
         try:
-            pins.append(f"{name}=={version(name).split('+')[0]}")
+            pins.append(f"{name}=={version(name)}")
         except PackageNotFoundError:
             pins.append(name)
-    return pins
+    return [*pins, f"artifacts/{wheel.parent.name}/{wheel.name}"]
+
+
+def rsi_wheel() -> Path:
+    """A wheel of the rsi this process runs, in a folder named by its sources' digest (so another rsi is another
+    model environment), built once per digest under the temp dir: from a checkout by pip (setuptools, as
+    ``pip install .`` would), from an installed rsi by zipping its files again."""
+    import rsi
+
+    root = Path(rsi.__file__).resolve().parent.parent
+    checkout = (root / "pyproject.toml").is_file() and (root / "flows").is_dir()
+    files = _checkout_files(root) if checkout else _installed_files()
+    digest = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        digest.update(f"{name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    folder = Path(tempfile.gettempdir()) / "rsi-wheels" / f"rsi-{digest.hexdigest()[:16]}"
+    built = sorted(folder.glob("rsi-*.whl"))
+    if built:
+        return built[0]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:  # built aside, then moved in whole
+        out = Path(tmp) / folder.name
+        out.mkdir()
+        if checkout:
+            _build(files, Path(tmp) / "src", out)
+        else:
+            _zip(files, out)
+        try:
+            out.rename(folder)
+        except OSError:  # another process built the same sources meanwhile
+            pass
+    return next(folder.glob("rsi-*.whl"))
+
+
+def _checkout_files(root: Path) -> dict[str, Path]:
+    """What a wheel of the checkout is built from: pyproject.toml, the readme and the package folders."""
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    folders = {"rsi", *project["tool"]["setuptools"]["package-dir"].values()}
+    files = {name: root / name for name in ("pyproject.toml", project["project"]["readme"])}
+    for folder in folders:
+        files |= {str(p.relative_to(root)): p for p in (root / folder).rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    return files
+
+
+def _installed_files() -> dict[str, Path]:
+    """An installed rsi's files as its wheel held them (not its scripts, which pip writes from the entry points)."""
+    dist = distribution("rsi")
+    skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+    return {str(f): Path(f.locate()) for f in dist.files or ()
+            if ".." not in f.parts and f.suffix != ".pyc" and "__pycache__" not in f.parts and f.name not in skip}
+
+
+def _build(files: dict[str, Path], src: Path, out: Path) -> None:
+    for name, path in files.items():  # a copy: a build writes build/ and *.egg-info beside the sources
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, src / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(out), str(src)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building rsi's wheel for the model failed:\n{done.stderr[-3000:]}")
+
+
+def _zip(files: dict[str, Path], out: Path) -> None:
+    info = next(name.split("/")[0] for name in files if name.endswith(".dist-info/METADATA"))
+    record = []
+    with zipfile.ZipFile(out / f"{info.removesuffix('.dist-info')}-py3-none-any.whl", "w",
+                         zipfile.ZIP_DEFLATED) as whl:
+        for name, path in sorted(files.items()):
+            data = path.read_bytes()
+            whl.writestr(name, data)
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={sha},{len(data)}")
+        whl.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
 
 
 def log_base(registry: LineageRegistry, base_dir: Path, base_hash: str) -> str:
@@ -219,13 +322,47 @@ def log_candidate(
             artifacts["adapter"] = str(portable_adapter(Path(adapter_dir), Path(tmp) / "adapter", base_uri))
         code = Path(tmp) / "pair_model.py"  # models from code: the class is imported, not unpickled
         code.write_text(MODEL_CODE)
+        wheel = rsi_wheel()
+        artifacts[WHEEL_ARTIFACT] = str(wheel.parent)
+        examples = example_payloads(harness_dir)
         with registry.resumed_run(run_id):
             info = mlflow.pyfunc.log_model(
                 name=name, python_model=str(code), artifacts=artifacts,
                 model_config={"base_uri": base_uri, "base_model_hash": base_hash},
-                pip_requirements=pip_requirements(),
+                pip_requirements=pip_requirements(wheel), signature=signature(harness_dir, examples),
+                input_example=examples,
                 tags={PAIR_TAG: pair_id, BASE_HASH_TAG: base_hash, "rsi.base_uri": base_uri})
     return info.model_uri
+
+
+def example_payloads(harness_dir: Path | str) -> list[dict[str, Any]]:
+    """Payloads of the harness's family (a train task of levels 1 and 2): the model's input example."""
+    from rsi.hcp import load_harness
+    from rsi.tasks import get_family
+
+    family = get_family(load_harness(harness_dir).document.family)
+    return [family.task("train", 0, level, 0).payload for level in (1, 2)]
+
+
+def signature(harness_dir: Path | str, examples: list[dict[str, Any]]) -> Any:
+    """What ``predict`` takes, a payload's fields or a ``prompt`` (each optional, so either fits), and what it
+    returns under this harness (a tool harness's episodes and a plan's calls say more than a reply)."""
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    from rsi.hcp import load_harness
+
+    document = load_harness(harness_dir).document
+    with warnings.catch_warnings():  # MLflow's hint about integer columns: a payload's numbers are never missing
+        warnings.simplefilter("ignore", UserWarning)
+        fields = [ColSpec(c.type, c.name, required=False) for c in infer_signature(examples).inputs.inputs]
+    outputs = {"completion": "string", "answer": AnyType(), "finish_reason": "string"}
+    if document.tools:
+        outputs |= {"turns": AnyType(), "calls": "long", "final_state": AnyType()}
+    else:
+        outputs |= {"prompt": "string"} | ({"calls": "long"} if document.plan is not None else {})
+    return ModelSignature(inputs=Schema([*fields, ColSpec("string", "prompt", required=False)]),
+                          outputs=Schema([ColSpec(t, n, required=False) for n, t in outputs.items()]))
 
 
 def portable_adapter(adapter_dir: Path, out_dir: Path, base_uri: str) -> Path:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +99,7 @@ import pandas as pd
 payloads = json.loads(sys.argv[2])
 model = mlflow.pyfunc.load_model(sys.argv[1])
 prompts = [p["prompt"] for p in model.predict(payloads)]
-print(json.dumps({"payloads": model.predict(payloads), "prompts": model.predict(prompts),
+print(json.dumps({"payloads": model.predict(payloads), "prompts": model.predict([{"prompt": p} for p in prompts]),
                   "frame": model.predict(pd.DataFrame(payloads)),
                   "prompt_frame": model.predict(pd.DataFrame({"prompt": prompts}))}))
 """
@@ -117,6 +121,79 @@ def test_champion_loads_in_a_fresh_process_and_predicts_like_the_hf_backend(pair
         assert [(p["completion"], p["answer"]) for p in got[key]] == expected, key
     assert all(completion for completion, _ in expected)  # the base writes something for it to be a check
     assert expected != hf_predictions(pair["base"], None, prompts)  # and the champion's adapter is in use
+
+
+def uv_indexes() -> dict[str, str]:
+    """pip's configured indexes as uv's settings (uv reads no pip.conf): where the pinned CPU torch wheel lies."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    config = {line.partition("=")[0].rsplit(".", 1)[-1]: line.partition("=")[2].strip("'")
+              for line in listed.splitlines()}
+    env = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_PYTHON_DOWNLOADS": "never"}  # pip's rule: best version
+    for pip_key, uv_key in (("index-url", "UV_INDEX_URL"), ("extra-index-url", "UV_EXTRA_INDEX_URL"),
+                            ("find-links", "UV_FIND_LINKS")):
+        if config.get(pip_key):
+            env[uv_key] = config[pip_key] if uv_key != "UV_FIND_LINKS" else ",".join(config[pip_key].split())
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_champion_is_served_by_mlflow_from_an_environment_built_without_the_checkout(pair, lineage, tmp_path) -> None:
+    """`mlflow models serve -m models:/rsi-mm@champion --env-manager uv` builds a fresh environment from the
+    model's own requirements (rsi's wheel from the model's artifacts, torch's CPU build pinned) and answers 50
+    plain payloads of levels 1-10 (the family's test tasks) over HTTP as the pair answers in this process."""
+    import httpx
+
+    from rsi.tasks import get_family
+
+    bin_dir = Path(sys.executable).parent  # uv is a dev dependency: it lies beside this Python
+    if shutil.which("uv", path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}") is None:
+        pytest.fail("uv is missing: pip install uv (rsi's dev extra has it)")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RSI_", "MLFLOW_", "UV_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= uv_indexes() | {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "RSI_HOME": str(tmp_path / "elsewhere"),
+                           "MLFLOW_TRACKING_URI": lineage["settings"].mlflow_uri,
+                           "MLFLOW_ENV_ROOT": str(tmp_path / "envs")}  # fresh: no environment built before
+    port, log = free_port(), tmp_path / "serve.log"
+    tasks = [t for level in range(1, 11) for t in get_family("addition").tasks("test", 0, level, 5)]
+    start = time.monotonic()
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/rsi-mm@champion",
+                                   "--env-manager", "uv", "-h", "127.0.0.1", "-p", str(port)],
+                                  env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while not _pings(port):
+            assert server.poll() is None, log.read_text()[-5000:]
+            assert time.monotonic() - start < 600, f"not serving after 600 s:\n{log.read_text()[-5000:]}"
+            time.sleep(2)
+        print(f"environment built and model served in {time.monotonic() - start:.0f} s")
+        reply = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": [t.payload for t in tasks]},
+                           timeout=300)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert reply.status_code == 200, reply.text[-3000:]
+    served = reply.json()["predictions"]
+    harness = load_harness(HARNESS)
+    expected = hf_predictions(pair["base"], pair["adapter"], [harness.prompt(t.payload) for t in tasks])
+    assert [(p["completion"], p["answer"]) for p in served] == expected
+    (site,) = (tmp_path / "envs").glob("*/lib/python*/site-packages")  # rsi from the model's wheel, CPU torch
+    assert (site / "rsi" / "__init__.py").is_file() and not list(site.glob("__editable__*"))
+    assert list(site.glob("torch-*+cpu.dist-info")), sorted(p.name for p in site.glob("torch-*"))
+
+
+def _pings(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.slow
