@@ -1,15 +1,18 @@
 """A generation's Prefect artifacts: its accuracy table, gain decomposition, failure attribution, a markdown
-summary, one passed episode turn by turn, a link to its MLflow model version, and the pair's proposals."""
+summary, one passed episode turn by turn, a link to its MLflow model version, the lineage's improvement plot and
+the pair's proposals."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact
+from prefect.artifacts import create_image_artifact, create_link_artifact, create_markdown_artifact
+from prefect.artifacts import create_progress_artifact
 from prefect.artifacts import create_table_artifact, update_progress_artifact
 
 from rsi.attribution import table as attribution_table
-from rsi.lineage.record import version_url
+from rsi.lineage.record import improvement_plot, version_url
 from rsi.models import Trajectory
 from rsi.lineage import LineageRegistry
 from rsi.run import GenerationSummary
@@ -26,7 +29,7 @@ def progress(description: str, stages: int) -> Callable[[int, str], None]:
 
 def publish(summary: GenerationSummary, lineage: str, ledger: Ledger, registry: LineageRegistry) -> None:
     number = summary.generation
-    key = f"{lineage}-gen-{number}".replace("_", "-").replace(".", "-").lower()
+    key = f"{artifact_key(lineage)}-gen-{number}"
     table = [{"level": int(lvl), "parent": summary.parent[lvl], "candidate": summary.candidate[lvl]}
              for lvl in summary.candidate]
     table.append({"level": "gate", "parent": summary.gate, "candidate": f"p={summary.p_value:.3g}"})
@@ -60,6 +63,23 @@ def publish(summary: GenerationSummary, lineage: str, ledger: Ledger, registry: 
     create_link_artifact(version_url(registry, summary.version), key=f"{key}-version",
                          link_text=f"{registry.name} version {summary.version} ({summary.gate})",
                          description="the candidate's model version in the MLflow registry")
+    publish_improvement(lineage, registry, number)
+
+
+def publish_improvement(lineage: str, registry: LineageRegistry, number: int) -> None:
+    """The lineage's improvement plot as its MLflow run holds it, as the image artifact ``<lineage>-improvement``
+    (a new version of it each generation), inline (a data URL): the UI needs no route to MLflow's artifacts."""
+    plot = improvement_plot(registry)
+    if plot is not None:
+        create_image_artifact(f"data:image/png;base64,{base64.b64encode(plot).decode()}",
+                              key=f"{artifact_key(lineage)}-improvement",
+                              description=f"{lineage}: accuracy per level of each generation's candidate, up to "
+                                          f"generation {number} (the plot on the lineage's MLflow run)")
+
+
+def artifact_key(lineage: str) -> str:
+    """The lineage's name as Prefect allows a key (lowercase letters, digits and dashes)."""
+    return lineage.replace("_", "-").replace(".", "-").lower()
 
 
 def publish_proposals(lineage: str, number: int, proposed: Proposed | None) -> None:

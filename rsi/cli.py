@@ -429,15 +429,18 @@ def eval_cmd(
     k: int = typer.Option(1, "--k", min=1, help="1: greedy accuracy; >1: pass@k at the harness temperature"),
     split: str = typer.Option("test", "--split", help="test (reporting, default) or heldout (what decisions use)"),
     lineage: str | None = typer.Option(None, "--lineage", help="evaluate this lineage's champion (its adapter)"),
-    harness_ref: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/smollm2-v1) or directory; "
-                                           "default: the profile's"),
+    harness_ref: str | None = typer.Option(None, "--harness", help="harness id (e.g. addition/smollm2-v1) or "
+                                           "directory; default: the profile's"),
     references: bool = typer.Option(False, "--references", help="with --lineage: the champion beside the base under "
                                     "the lineage's starting harness, the base under the champion's harness and the "
                                     "champion's adapter under the starting harness"),
     profile: str | None = PROFILE,
     sets: list[str] = SETS,
 ) -> None:
-    """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals."""
+    """Exact-match accuracy per level on distinct test (or held-out) tasks, with Wilson 95 % intervals. With
+    --lineage, the table is logged to the champion's MLflow model version too (an evaluation run beside it)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from rsi.backends import get_backend
     from rsi.basemodel import BaseRecipe, ensure_base, model_hash
     from rsi.config import get_settings
@@ -482,21 +485,53 @@ def eval_cmd(
         pair = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter) if adapter else None,
                     harness_id=harness.id, harness_hash=harness.hash)
         posable = [lvl for lvl in wanted if expressible(harness, family, lvl)]
-        scores = evaluate(Responder(harness, backend, pair.id, adapter, family), posable, n, lineage_seed=config.seed,
-                          k=k, split=split)  # type: ignore[arg-type]
-        return {sc.level: sc for sc in scores}
+        responder, scores = Responder(harness, backend, pair.id, adapter, family), {}
+        # level by level, so a terminal shows where it is; a file or a pipe gets the table only
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=out, transient=True, disable=not out.is_terminal) as bar:
+            job = bar.add_task(f"{adapter or 'base'} under {harness.id}", total=len(posable))
+            for level in posable:
+                bar.update(job, description=f"{adapter or 'base'} under {harness.id}: level {level}")
+                (scores[level],) = evaluate(responder, [level], n, lineage_seed=config.seed, k=k,
+                                            split=split)  # type: ignore[arg-type]
+                bar.advance(job)
+        return scores
 
     if references:
         return print_references(lineage, load_harness(spec["harness"]), harness, adapter, wanted, split, scores_of)
     scores = list(scores_of(harness, adapter).values())
     posable = [sc.level for sc in scores]
     what = "greedy" if k == 1 else f"pass@{k}"
-    table = Table("level", what, "95 % CI", "correct / n", title=f"{adapter or 'base'} under {harness.id} ({split} split)")
+    table = Table("level", what, "95 % CI", "correct / n",
+                  title=f"{adapter or 'base'} under {harness.id} ({split} split)")
     for sc in scores:
-        table.add_row(str(sc.level), f"{sc.accuracy:.3f}", f"[{sc.ci_low:.3f}, {sc.ci_high:.3f}]", f"{sc.correct}/{sc.n}")
+        table.add_row(str(sc.level), f"{sc.accuracy:.3f}", f"[{sc.ci_low:.3f}, {sc.ci_high:.3f}]",
+                      f"{sc.correct}/{sc.n}")
     for level in sorted(set(wanted) - set(posable)):
         table.add_row(str(level), "-", "-", f"not posable: {harness.id}'s format is too narrow")
     out.print(table)
+    if lineage is not None:
+        log_evaluation_of(lineage, base, adapter, harness, scores, split, k)
+
+
+def log_evaluation_of(lineage: str, base: Path, adapter: Path, harness, scores: list, split: str, k: int) -> None:
+    """The champion's table on its MLflow model version (``rsi.lineage.record.log_evaluation``)."""
+    from rsi.basemodel import model_hash
+    from rsi.config import get_settings
+    from rsi.lineage import LineageRegistry
+    from rsi.lineage.record import log_evaluation
+    from rsi.models import Pair
+    from rsi.train import adapter_hash
+
+    pair_id = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter), harness_id=harness.id,
+                   harness_hash=harness.hash).id
+    registry = LineageRegistry(get_settings(), lineage)
+    version = registry.find_version(pair_id)
+    if version is None:
+        err.print(f"not logged to MLflow: {registry.name} has no version of the champion's pair {pair_id[:12]}")
+        return
+    run_id = log_evaluation(registry, version, scores, split=split, k=k, harness_id=harness.id)
+    out.print(f"logged to {registry.name} version {version.version} (evaluation run {run_id})")
 
 
 def print_references(lineage: str, start, harness, adapter: Path, levels: list[int], split: str, scores_of) -> None:

@@ -28,7 +28,7 @@ PAYLOADS = [{"a": 1, "b": 2}, {"a": 12, "b": 34}, {"a": 305, "b": 17}, {"a": 8, 
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny rsi base (60 steps: it writes digits, not sums) and a LoRA trained on it hard enough to change
     its greedy replies (so a pair served without its adapter would show)."""
     from rsi.basemodel import BaseRecipe, train_base
@@ -47,25 +47,29 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                              completion=digits_lsb(t.answer, 11), source="frontier") for t in tasks)
     spec = TrainSpec(steps=8, batch_size=8, lr=3e-2, warmup=0, lora_r=8, lora_alpha=32)
     train_adapter(root / "base", None, Dataset(examples=examples), spec, root / "adapter", seed=0)
-    return {"base": root / "base", "adapter": root / "adapter"}
+    return {"base": root / "base", "adapter": root / "adapter", "recipe": recipe}
 
 
 @pytest.fixture(scope="module")
-def lineage(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def lineage(pair: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Base logged, two candidates (the adapter pair and the base pair) logged and registered; champion set."""
     from rsi.basemodel import model_hash
     from rsi.mlmodel import log_base, log_candidate
+    from rsi.models import Pair
+    from rsi.train import adapter_hash
 
     settings = Settings(home=tmp_path_factory.mktemp("home"))
     registry = LineageRegistry(settings, "mm")
     base_hash = model_hash(pair["base"])
-    harness_dir = resolve_harness(HARNESS)
-    uris, versions, run_ids = [], [], []
+    harness_dir, harness = resolve_harness(HARNESS), load_harness(HARNESS)
+    uris, versions, run_ids, pair_ids = [], [], [], []
     for generation, adapter in ((1, pair["adapter"]), (2, None)):
         base_uri = log_base(registry, pair["base"], base_hash)
         with registry.start_run(f"gen-{generation:03d}", {"lineage": "mm", "generation": str(generation)}) as run:
             run_id = run.info.run_id
-        pair_id = f"pair-{generation}"
+        pair_id = Pair(base_model_hash=base_hash, adapter_hash=adapter_hash(adapter) if adapter else None,
+                       harness_id=harness.id, harness_hash=harness.hash).id
+        pair_ids.append(pair_id)
         uri = log_candidate(registry, run_id, base_uri, adapter, harness_dir, pair_id=pair_id, base_hash=base_hash)
         tags = {"generation": generation, "pair_id": pair_id, "base_model_hash": base_hash, "gate": "promoted"}
         uris.append(uri)
@@ -73,7 +77,7 @@ def lineage(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
         versions.append(registry.create_version(run_id, uri, tags))
     registry.set_aliases(challenger=versions[1], champion=versions[0])
     return {"settings": settings, "registry": registry, "base_uri": base_uri, "base_hash": base_hash,
-            "uris": uris, "versions": versions, "run_ids": run_ids}
+            "uris": uris, "versions": versions, "run_ids": run_ids, "pair_ids": pair_ids}
 
 
 def hf_predictions(base: Path, adapter: Path | None, prompts: list[str]) -> list[tuple[str, Any]]:
@@ -233,15 +237,80 @@ def test_versions_are_registered_from_the_model_uri_once_per_pair(pair, lineage)
 
     registry = lineage["registry"]
     logged = log_candidate(registry, lineage["run_ids"][0], lineage["base_uri"], pair["adapter"],
-                           resolve_harness(HARNESS), pair_id="pair-1", base_hash=lineage["base_hash"])
+                           resolve_harness(HARNESS), pair_id=lineage["pair_ids"][0], base_hash=lineage["base_hash"])
     assert logged == lineage["uris"][0]  # a rerun finds the pair's model instead of logging it again
     versions = registry.versions()
     assert [v.source for v in versions] == lineage["uris"]
     assert [v.run_id for v in versions] == lineage["run_ids"]
-    assert versions[0].tags["pair_id"] == "pair-1" and versions[0].tags["gate"] == "promoted"
-    again = registry.create_version(lineage["run_ids"][0], lineage["uris"][0], {"pair_id": "pair-1"})
+    assert versions[0].tags["pair_id"] == lineage["pair_ids"][0] and versions[0].tags["gate"] == "promoted"
+    again = registry.create_version(lineage["run_ids"][0], lineage["uris"][0], {"pair_id": lineage["pair_ids"][0]})
     assert again == lineage["versions"][0] and len(registry.versions()) == 2
     assert registry.alias("champion").version == versions[0].version
+
+
+def champion_in_state_db(pair: dict[str, Any], lineage: dict[str, Any]) -> None:
+    """The state DB rows `rsi eval --lineage mm` reads (generation 1 promoted with the fixture's adapter, the spec
+    naming the fixture's base recipe) and that base where `rsi eval` looks for it (RSI_HOME/models)."""
+    from rsi.basemodel import base_dir_for
+    from rsi.run import load_config
+    from rsi.store import open_store
+    from rsi.store.harnesses import lock_harness
+    from rsi.store.schema import Generation, Lineage, PairRow
+    from rsi.train import adapter_hash
+
+    settings, harness, pair_id = lineage["settings"], load_harness(HARNESS), lineage["pair_ids"][0]
+    shutil.copytree(pair["base"], base_dir_for(settings, pair["recipe"]), dirs_exist_ok=True)
+    spec = load_config("tiny", family="addition", lineage="mm", harness=HARNESS).model_dump(mode="json")
+    store = open_store(settings.db_url)
+    with store.session() as s:
+        lock_harness(s, harness)
+        spec |= {"base_recipe": pair["recipe"].model_dump(mode="json")}
+        s.merge(Lineage(name="mm", family="addition", spec=spec))
+        s.merge(PairRow(id=pair_id, lineage="mm", base_model_hash=lineage["base_hash"],
+                        adapter_hash=adapter_hash(pair["adapter"]), adapter_uri=str(pair["adapter"]),
+                        harness_id=harness.id, harness_hash=harness.hash))
+        s.add(Generation(lineage="mm", number=1, candidate_pair_id=pair_id, status="promoted"))
+    store.dispose()
+
+
+@pytest.mark.slow
+def test_eval_of_a_lineage_logs_its_table_to_the_champion_version(pair, lineage, monkeypatch) -> None:
+    """`rsi eval --lineage mm` logs what it prints to the champion's MLflow version: an evaluation run holding the
+    table, accuracy and interval per level as metrics of the version's logged model, the version tagged with the
+    run. Progress shows level by level on a terminal; a pipe gets the table alone."""
+    import io
+
+    import mlflow
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from rsi import cli
+
+    settings, registry = lineage["settings"], lineage["registry"]
+    monkeypatch.setenv("RSI_HOME", str(settings.home))
+    champion_in_state_db(pair, lineage)
+    done = CliRunner().invoke(cli.app, ["eval", "--lineage", "mm", "--levels", "1-3", "--n", "6"])
+    assert done.exit_code == 0, done.output
+    printed = [[cell.strip() for cell in line.split("│")[1:-1]] for line in done.output.splitlines()
+               if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    assert [row[0] for row in printed] == ["1", "2", "3"] and ": level" not in done.output, done.output
+
+    version = registry.client.get_model_version(registry.name, lineage["versions"][0])
+    mlflow.set_tracking_uri(settings.mlflow_uri)  # load_table searches runs through the fluent API
+    table = registry.client.load_table(registry.experiment_id, "evaluation-test.json",
+                                       run_ids=[version.tags["evaluation_test"]])
+    assert [[str(r.level), f"{r.acc:.3f}", f"[{r.ci_low:.3f}, {r.ci_high:.3f}]", f"{r.correct}/{r.n}"]
+            for r in table.itertuples()] == printed
+    model_id = lineage["uris"][0].removeprefix("models:/")  # the champion's logged model
+    metrics = {m.key: m.value for m in registry.client.get_logged_model(model_id).metrics}
+    for r in table.itertuples():
+        assert [metrics[f"test_{name}_level_{r.level}"] for name in ("acc", "ci_low", "ci_high", "n")] == \
+            pytest.approx([r.acc, r.ci_low, r.ci_high, r.n], rel=1e-9)  # the table's JSON keeps 10 digits
+
+    screen = io.StringIO()  # a terminal: progress level by level
+    monkeypatch.setattr(cli, "out", Console(file=screen, force_terminal=True, width=120))
+    assert CliRunner().invoke(cli.app, ["eval", "--lineage", "mm", "--levels", "1-2", "--n", "2"]).exit_code == 0
+    assert "under addition/v2: level 2" in screen.getvalue(), screen.getvalue()
 
 
 def test_lineage_run_charts_generations_and_parents_their_runs(tmp_path: Path) -> None:
@@ -258,3 +327,35 @@ def test_lineage_run_charts_generations_and_parents_their_runs(tmp_path: Path) -
         pass
     assert run.data.tags["mlflow.parentRunId"] == registry.lineage_run_id()
     assert len(registry.client.search_runs([registry.experiment_id], "tags.`rsi.role` = 'lineage'")) == 1
+
+
+@pytest.mark.slow
+def test_improvement_plot_is_on_the_lineage_run_and_a_prefect_artifact(tmp_path: Path, prefect_api) -> None:
+    import base64
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from rsi.flows.artifacts import publish_improvement
+    from rsi.lineage.record import improvement_plot, log_improvement_plot
+
+    registry = LineageRegistry(Settings(home=tmp_path / "home"), "plots")
+    assert improvement_plot(registry) is None
+    with registry.start_run("gen-001", {"generation": "1"}) as run:
+        pass
+    log_improvement_plot(registry, run.info.run_id, [{"generation": 1, "gate": "promoted", "accuracy": {1: 1.0}}])
+    for run_id in (run.info.run_id, registry.lineage_run_id()):
+        assert "improvement.png" in {f.path for f in registry.client.list_artifacts(run_id)}
+    plot = improvement_plot(registry)
+    assert plot is not None and plot.startswith(b"\x89PNG")
+    from prefect import flow
+
+    @flow(name="publish-improvement")
+    def publish() -> None:  # as the cycle flow publishes it, inside a flow run
+        publish_improvement("plots", registry, 1)
+
+    publish()
+    with get_client(sync_client=True) as client:
+        key = ArtifactFilter(key=ArtifactFilterKey(any_=["plots-improvement"]))
+        (artifact,) = client.read_artifacts(artifact_filter=key)
+    assert artifact.type == "image" and artifact.data == f"data:image/png;base64,{base64.b64encode(plot).decode()}"

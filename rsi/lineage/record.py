@@ -16,6 +16,8 @@ from rsi.decomposition import rows as gain_rows
 from rsi.hcp import Harness
 from rsi.lineage import LineageRegistry, plot_improvement
 
+IMPROVEMENT_PLOT = "improvement.png"
+
 
 def log_training(registry: LineageRegistry, number: int, dataset_digest: str, examples: Sequence[Any],
                  params: dict[str, Any], losses: Sequence[tuple[int, float, float]], seconds: float,
@@ -93,11 +95,60 @@ def register_version(registry: LineageRegistry, run_id: str, *, adapter_dir: str
     return registry.create_version(run_id, model_uri, tags), model_uri
 
 
+def log_evaluation(registry: LineageRegistry, version: Any, scores: Sequence[Any], *, split: str, k: int,
+                   harness_id: str) -> str:
+    """An evaluation of a model version (``rsi eval --lineage``; ``scores``: ``rsi.evaluate.LevelScore``): a run of
+    its own under the lineage run holding the table (level, accuracy, 95 % interval, correct, n) as
+    ``evaluation-<split>.json``, its metrics per level linked to the version's logged model (listed on the model's
+    page), and the version tagged ``evaluation_<split>`` with the run's id; returns the run id."""
+    from mlflow.entities import Metric
+
+    client, now = registry.client, int(time.time() * 1000)
+    what = "acc" if k == 1 else f"pass_at_{k}"
+    model_id = logged_model_id(version)
+    run = client.create_run(registry.experiment_id, run_name=f"eval-v{version.version}-{split}", tags={
+        "rsi.role": "evaluation", "lineage": registry.lineage, "version": str(version.version), "split": split,
+        "decoding": "greedy" if k == 1 else f"pass@{k}", "harness_id": harness_id,
+        "mlflow.parentRunId": registry.lineage_run_id()})
+    run_id = run.info.run_id
+    table = {"level": [s.level for s in scores], what: [s.accuracy for s in scores],
+             "ci_low": [s.ci_low for s in scores], "ci_high": [s.ci_high for s in scores],
+             "correct": [s.correct for s in scores], "n": [s.n for s in scores]}
+    client.log_table(run_id, table, f"evaluation-{split}.json")
+    metrics = [Metric(f"{split}_{name}_level_{level}", float(value), now, 0, model_id=model_id)
+               for name in (what, "ci_low", "ci_high", "n") for level, value in zip(table["level"], table[name])]
+    client.log_batch(run_id, metrics=metrics)
+    client.set_terminated(run_id)
+    client.set_model_version_tag(registry.name, version.version, f"evaluation_{split}", run_id)
+    return run_id
+
+
+def logged_model_id(version: Any) -> str | None:
+    """The id of a version's logged model (a SQL registry keeps it only in the version's ``models:/`` source)."""
+    if version.model_id:
+        return version.model_id
+    return version.source.removeprefix("models:/") if version.source.startswith("models:/m-") else None
+
+
 def log_improvement_plot(registry: LineageRegistry, run_id: str, rows: list[dict[str, Any]]) -> None:
-    """The lineage's accuracy per level per generation (``rows``: generation, gate, accuracy)."""
+    """The lineage's accuracy per level per generation (``rows``: generation, gate, accuracy) on the generation's
+    run ``run_id`` and on the lineage's run (each generation's plot replaces the one before there)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = plot_improvement(rows, Path(tmp) / "improvement.png")
-        registry.client.log_artifact(run_id, str(path))
+        path = plot_improvement(rows, Path(tmp) / IMPROVEMENT_PLOT)
+        for run in (run_id, registry.lineage_run_id()):
+            registry.client.log_artifact(run, str(path))
+
+
+def improvement_plot(registry: LineageRegistry) -> bytes | None:
+    """The lineage run's improvement plot (PNG), None before its first generation is registered."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = registry.client.download_artifacts(registry.lineage_run_id(), IMPROVEMENT_PLOT, tmp)
+            return Path(path).read_bytes()
+        except (MlflowException, OSError):
+            return None
 
 
 def sync_aliases(registry: LineageRegistry, finished: Sequence[tuple[str, str]]) -> None:
