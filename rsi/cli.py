@@ -516,8 +516,11 @@ def eval_cmd(
 
 def log_evaluation_of(lineage: str, base: Path, adapter: Path, harness, scores: list, split: str, k: int) -> None:
     """The champion's table on its MLflow model version (``rsi.lineage.record.log_evaluation``)."""
+    from mlflow.exceptions import MlflowException
+
     from rsi.basemodel import model_hash
     from rsi.config import get_settings
+    from rsi.errors import RuntimeFailure
     from rsi.lineage import LineageRegistry
     from rsi.lineage.record import log_evaluation
     from rsi.models import Pair
@@ -525,12 +528,16 @@ def log_evaluation_of(lineage: str, base: Path, adapter: Path, harness, scores: 
 
     pair_id = Pair(base_model_hash=model_hash(base), adapter_hash=adapter_hash(adapter), harness_id=harness.id,
                    harness_hash=harness.hash).id
-    registry = LineageRegistry(get_settings(), lineage)
-    version = registry.find_version(pair_id)
-    if version is None:
-        err.print(f"not logged to MLflow: {registry.name} has no version of the champion's pair {pair_id[:12]}")
-        return
-    run_id = log_evaluation(registry, version, scores, split=split, k=k, harness_id=harness.id)
+    settings = get_settings()
+    try:
+        registry = LineageRegistry(settings, lineage)
+        version = registry.find_version(pair_id)
+        if version is None:
+            err.print(f"not logged to MLflow: {registry.name} has no version of the champion's pair {pair_id[:12]}")
+            return
+        run_id = log_evaluation(registry, version, scores, split=split, k=k, harness_id=harness.id)
+    except MlflowException as exc:
+        raise RuntimeFailure(f"the table above is not logged: MLflow at {settings.mlflow_uri} failed ({exc})") from None
     out.print(f"logged to {registry.name} version {version.version} (evaluation run {run_id})")
 
 

@@ -6,30 +6,26 @@ logged once per base hash as a run artifact of the lineage's experiment and only
 the harness exactly as the cycle does (``Harness.prompt``), decodes greedily with the harness's limits on the
 ``hf`` backend and parses the reply with the harness's answer parser.
 
-The model ships rsi itself: a wheel of the running rsi (``rsi_wheel``) lies in its artifacts and its
-requirements name it beside the pinned versions of what logged it, so ``mlflow models serve --env-manager
-virtualenv`` (or ``uv``) rebuilds a working environment without the checkout. A signature and an input example
+The model ships rsi itself: a wheel of the running rsi (``rsi.wheel``) lies in its artifacts and its
+requirements name it beside the pinned versions of what logged it, so ``mlflow models serve --env-manager uv``
+(or ``virtualenv``) rebuilds a working environment without the checkout. A signature and an input example
 (payloads of the family's tasks) say what ``predict`` takes.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
-import tomllib
 import warnings
 import weakref
-import zipfile
-from importlib.metadata import PackageNotFoundError, distribution, version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlflow.pyfunc
+
+from rsi.wheel import rsi_wheel
 
 if TYPE_CHECKING:
     from rsi.lineage import LineageRegistry
@@ -171,6 +167,11 @@ def _items(model_input: Any) -> list[str | dict[str, Any]]:
     """Prompt strings and task payloads from a list, one item, or a DataFrame (pyfunc hands one when the input
     meets the signature): a row with a ``prompt`` is that prompt, any other row a payload of its set fields."""
     if hasattr(model_input, "to_dict") and hasattr(model_input, "columns"):
+        if model_input.columns.empty:  # the signature dropped every field: bare strings or unknown fields
+            from rsi.errors import UserError
+
+            raise UserError("the input has no payload field and no prompt: pass task payloads like the family's "
+                            "tasks, or prompts as [{\"prompt\": \"...\"}]")
         if list(model_input.columns) == [0]:  # a DataFrame of prompt strings, by position
             return [str(p) for p in model_input[0].tolist()]
         rows = [{k: _plain(v) for k, v in row.items() if not _missing(v)}
@@ -201,79 +202,6 @@ def pip_requirements(wheel: Path) -> list[str]:
         except PackageNotFoundError:
             pins.append(name)
     return [*pins, f"artifacts/{wheel.parent.name}/{wheel.name}"]
-
-
-def rsi_wheel() -> Path:
-    """A wheel of the rsi this process runs, in a folder named by its sources' digest (so another rsi is another
-    model environment), built once per digest under the temp dir: from a checkout by pip (setuptools, as
-    ``pip install .`` would), from an installed rsi by zipping its files again."""
-    import rsi
-
-    root = Path(rsi.__file__).resolve().parent.parent
-    checkout = (root / "pyproject.toml").is_file() and (root / "flows").is_dir()
-    files = _checkout_files(root) if checkout else _installed_files()
-    digest = hashlib.sha256()
-    for name, path in sorted(files.items()):
-        digest.update(f"{name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
-    folder = Path(tempfile.gettempdir()) / "rsi-wheels" / f"rsi-{digest.hexdigest()[:16]}"
-    built = sorted(folder.glob("rsi-*.whl"))
-    if built:
-        return built[0]
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:  # built aside, then moved in whole
-        out = Path(tmp) / folder.name
-        out.mkdir()
-        if checkout:
-            _build(files, Path(tmp) / "src", out)
-        else:
-            _zip(files, out)
-        try:
-            out.rename(folder)
-        except OSError:  # another process built the same sources meanwhile
-            pass
-    return next(folder.glob("rsi-*.whl"))
-
-
-def _checkout_files(root: Path) -> dict[str, Path]:
-    """What a wheel of the checkout is built from: pyproject.toml, the readme and the package folders."""
-    project = tomllib.loads((root / "pyproject.toml").read_text())
-    folders = {"rsi", *project["tool"]["setuptools"]["package-dir"].values()}
-    files = {name: root / name for name in ("pyproject.toml", project["project"]["readme"])}
-    for folder in folders:
-        files |= {str(p.relative_to(root)): p for p in (root / folder).rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-    return files
-
-
-def _installed_files() -> dict[str, Path]:
-    """An installed rsi's files as its wheel held them (not its scripts, which pip writes from the entry points)."""
-    dist = distribution("rsi")
-    skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
-    return {str(f): Path(f.locate()) for f in dist.files or ()
-            if ".." not in f.parts and f.suffix != ".pyc" and "__pycache__" not in f.parts and f.name not in skip}
-
-
-def _build(files: dict[str, Path], src: Path, out: Path) -> None:
-    for name, path in files.items():  # a copy: a build writes build/ and *.egg-info beside the sources
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, src / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(src)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"building rsi's wheel for the model failed:\n{done.stderr[-3000:]}")
-
-
-def _zip(files: dict[str, Path], out: Path) -> None:
-    info = next(name.split("/")[0] for name in files if name.endswith(".dist-info/METADATA"))
-    record = []
-    with zipfile.ZipFile(out / f"{info.removesuffix('.dist-info')}-py3-none-any.whl", "w",
-                         zipfile.ZIP_DEFLATED) as whl:
-        for name, path in sorted(files.items()):
-            data = path.read_bytes()
-            whl.writestr(name, data)
-            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{name},sha256={sha},{len(data)}")
-        whl.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
 
 
 def log_base(registry: LineageRegistry, base_dir: Path, base_hash: str) -> str:
@@ -322,7 +250,7 @@ def log_candidate(
             artifacts["adapter"] = str(portable_adapter(Path(adapter_dir), Path(tmp) / "adapter", base_uri))
         code = Path(tmp) / "pair_model.py"  # models from code: the class is imported, not unpickled
         code.write_text(MODEL_CODE)
-        wheel = rsi_wheel()
+        wheel = rsi_wheel()  # once per rsi source digest
         artifacts[WHEEL_ARTIFACT] = str(wheel.parent)
         examples = example_payloads(harness_dir)
         with registry.resumed_run(run_id):

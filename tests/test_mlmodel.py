@@ -159,7 +159,7 @@ def test_champion_is_served_by_mlflow_from_an_environment_built_without_the_chec
     if shutil.which("uv", path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}") is None:
         pytest.fail("uv is missing: pip install uv (rsi's dev extra has it)")
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RSI_", "MLFLOW_", "UV_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+           if not k.startswith(("RSI_", "MLFLOW_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env |= uv_indexes() | {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "RSI_HOME": str(tmp_path / "elsewhere"),
                            "MLFLOW_TRACKING_URI": lineage["settings"].mlflow_uri,
                            "MLFLOW_ENV_ROOT": str(tmp_path / "envs")}  # fresh: no environment built before
