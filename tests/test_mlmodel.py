@@ -103,9 +103,13 @@ import pandas as pd
 payloads = json.loads(sys.argv[2])
 model = mlflow.pyfunc.load_model(sys.argv[1])
 prompts = [p["prompt"] for p in model.predict(payloads)]
+try:
+    bare = model.predict(prompts)  # bare strings: the signature drops them
+except Exception as exc:
+    bare = str(exc)
 print(json.dumps({"payloads": model.predict(payloads), "prompts": model.predict([{"prompt": p} for p in prompts]),
                   "frame": model.predict(pd.DataFrame(payloads)),
-                  "prompt_frame": model.predict(pd.DataFrame({"prompt": prompts}))}))
+                  "prompt_frame": model.predict(pd.DataFrame({"prompt": prompts})), "bare": bare}))
 """
 
 
@@ -123,6 +127,7 @@ def test_champion_loads_in_a_fresh_process_and_predicts_like_the_hf_backend(pair
     for key in ("payloads", "prompts", "frame", "prompt_frame"):
         assert [p["prompt"] for p in got[key]] == prompts, key
         assert [(p["completion"], p["answer"]) for p in got[key]] == expected, key
+    assert "no payload field and no prompt" in got["bare"], got["bare"]  # an error that says how, not []
     assert all(completion for completion, _ in expected)  # the base writes something for it to be a check
     assert expected != hf_predictions(pair["base"], None, prompts)  # and the champion's adapter is in use
 
