@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from prefect.logging.handlers import APILogHandler
 from prefect.tasks import exponential_backoff
 
+from rsi import stop
 from rsi.errors import RsiError, UserError
 from rsi.run import CycleConfig
 
@@ -23,6 +24,26 @@ _rsi_log = logging.getLogger("rsi")
 _rsi_log.setLevel(logging.INFO)
 if not any(isinstance(h, APILogHandler) for h in _rsi_log.handlers):
     _rsi_log.addHandler(APILogHandler())  # rsi's lines show in the flow and task runs' Logs tab
+
+
+def _prompt_stop_in_flow_runs() -> None:
+    """During a flow run Prefect's own SIGTERM handler replaces rsi's and hands the signal on only after reporting
+    the crash; wrapped, a SIGTERM starts rsi's prompt stop first (``rsi.stop``)."""
+    from prefect.utilities import engine
+
+    handler = getattr(engine, "_prefect_sigterm_handler", None)
+    if handler is None or getattr(handler, "rsi_stop", False):
+        return
+
+    def stopping(signum: int, frame: Any) -> None:
+        stop.begin(signum)
+        handler(signum, frame)
+
+    stopping.rsi_stop = True
+    engine._prefect_sigterm_handler = stopping
+
+
+_prompt_stop_in_flow_runs()
 
 
 class Progress(str):

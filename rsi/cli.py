@@ -1051,6 +1051,16 @@ def serve_cmd(
     uvicorn.run("rsi.mol.proxy:create_app", factory=True, host=host, port=port, workers=workers, log_level="warning")
 
 
+def _stopping(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM: unwind now, promptly (``rsi.stop``)."""
+    from rsi import stop
+
+    stop.begin(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(128 + signum)
+
+
 def main() -> None:
     """Entry point of the ``rsi`` script."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -1058,9 +1068,16 @@ def main() -> None:
     # A SIGTERM (kill, a service manager) unwinds like Ctrl-C: finally blocks release the lineage's lease and
     # atexit handlers stop what the command started (the embedded Prefect server, which a plain SIGTERM left
     # running, orphaned). `rsi worker` installs its own handler.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, _stopping)
+    signal.signal(signal.SIGINT, _stopping)
     try:
         app()
     except RsiError as exc:
         err.print("[red]error:[/red]", Text(str(exc)), highlight=False, soft_wrap=True)  # no markup in messages
         sys.exit(exc.exit_code)
+    except Exception:
+        from rsi.stop import stopped
+
+        if stopped:  # what failed after Ctrl-C or SIGTERM failed because of it (e.g. a Prefect API it stopped)
+            sys.exit(128 + stopped[0])
+        raise
