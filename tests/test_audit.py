@@ -488,19 +488,15 @@ def test_audit_cli_stores_into_rsi_home(tmp_path: Path, rsi_home: Path) -> None:
 # ---- the recount equals what the real backend reports ---------------------------------------------------
 
 @pytest.mark.slow
-def test_counted_tokens_equal_the_hf_backend(tmp_path: Path) -> None:
+def test_counted_tokens_equal_the_hf_backend(tiny_base: Path) -> None:
     """Real generations of the tiny base, recorded by the real executor: the auditor's recount equals the
     backend's counts -- ended on EOS, on a stop string, or cut by length. Sampling at T=1 sometimes draws
     <bos> or <unk> mid-reply, which decoding drops from the text: the recount is then short and the
     trajectory fails ``limits`` (the text is not what was generated); only that kind of miss is allowed."""
     from rsi.backends import get_backend
-    from rsi.basemodel import BaseRecipe, ensure_base
-    from rsi.config import Settings
-    from rsi.run import load_config
     from rsi.pair import Responder, sampling_params
 
-    model_dir = ensure_base(Settings(home=tmp_path), BaseRecipe(**load_config("tiny").base_recipe))
-    backend = get_backend("hf", model_dir=model_dir)
+    backend = get_backend("hf", model_dir=tiny_base)  # the tiny profile's base, built once per session
     tasks = {t.id: t for t in FAMILY.tasks("train", 0, 2, 12) + FAMILY.tasks("train", 0, 4, 12)}
     short = variant(FULL, decoding={"max_new_tokens": 5}, limits={"max_completion_tokens": 5})
     stops = variant(ROOMY, decoding={"stop": ["00", "9"]})

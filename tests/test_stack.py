@@ -62,8 +62,21 @@ class Served:
     def api(self) -> str:
         return self.stack["prefect_api_url"]
 
+    def call(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        """One Prefect API call, retried as Prefect's own client retries: a 503 is the server's word for a busy
+        SQLite database (`is_client_retryable_exception`), which a loaded 2-core machine meets."""
+        for attempt in range(8):
+            reply = httpx.request(method, f"{self.api}{path}", json=body, timeout=30)
+            if reply.status_code != 503:
+                return reply
+            time.sleep(0.5 * 2 ** attempt)
+        return reply
+
+    def get(self, path: str) -> dict:
+        return self.call("GET", path).json()
+
     def post(self, path: str, body: dict) -> list | dict:
-        return httpx.post(f"{self.api}{path}", json=body, timeout=30).json()
+        return self.call("POST", path, body).json()
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +91,9 @@ def served(tiny_base, tmp_path_factory) -> Iterator[Served]:
         deployed = s.rsi("deploy", "climb", "--family", "addition", "--interval", "3600", "--profile", "tiny",
                          *[arg for item in PROMOTING for arg in ("--set", item)])
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        deployment = httpx.get(f"{s.api}/deployments/name/rsi-lineage/climb").json()
+        deployment = s.get("/deployments/name/rsi-lineage/climb")
         # made as before flows/ installed as rsi.flows: `rsi worker` moves it on, and its run goes on
-        moved = httpx.patch(f"{s.api}/deployments/{deployment['id']}", json={"entrypoint": "flows.cycle.rsi_lineage"})
+        moved = s.call("PATCH", f"/deployments/{deployment['id']}", {"entrypoint": "flows.cycle.rsi_lineage"})
         assert moved.status_code == 204, moved.text
         s.run_id = s.post(f"/deployments/{deployment['id']}/create_flow_run", {})["id"]  # due now
         worked = s.rsi("worker", "--run-once", timeout=1800)
@@ -140,7 +153,7 @@ def test_deploy_refuses_bad_schedules(served: Served) -> None:
 
 
 def test_deployment_has_schedule_concurrency_and_json_parameters(served: Served) -> None:
-    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/climb").json()
+    deployment = served.get("/deployments/name/rsi-lineage/climb")
     assert deployment["work_pool_name"] == "rsi" and deployment["entrypoint"] == "rsi.flows.cycle.rsi_lineage"
     assert deployment["global_concurrency_limit"]["limit"] == 1
     assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
@@ -152,7 +165,7 @@ def test_deployment_has_schedule_concurrency_and_json_parameters(served: Served)
 
 
 def test_scheduled_run_is_named_by_generation_with_logs_and_artifacts(served: Served) -> None:
-    parent = httpx.get(f"{served.api}/flow_runs/{served.run_id}").json()
+    parent = served.get(f"/flow_runs/{served.run_id}")
     assert parent["state_type"] == "COMPLETED" and parent["name"] == "climb-lineage", parent
     runs = served.post("/flow_runs/filter", {"flow_runs": {"name": {"any_": ["climb-gen-001"]}}})
     assert len(runs) == 1 and runs[0]["state_type"] == "COMPLETED"
@@ -183,7 +196,7 @@ def test_no_credential_of_a_deployment_reaches_the_prefect_api(served: Served) -
                                "0 0 1 1 *", "--profile", "tiny"], capture_output=True, text=True, cwd=REPO,
                               timeout=600, env=env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/secretive").json()
+    deployment = served.get("/deployments/name/rsi-lineage/secretive")
     assert deployment["job_variables"]["env"]["RSI_SECRET_BLOCK"] == "rsi-secretive-env"
     assert deployment["job_variables"]["env"]["RSI_HOME"] == str(served.home)
     returned = [served.post(path, {}) for path in ("/deployments/filter", "/flow_runs/filter", "/variables/filter",
@@ -241,7 +254,7 @@ def test_prefect_ui_shows_the_generation_run_its_logs_artifact_and_the_schedule(
     page.get_by_text("candidate", exact=True).first.wait_for(timeout=30_000)
     page.get_by_text("promoted", exact=True).first.wait_for(timeout=30_000)
     shoot(page, "prefect-generation-table")
-    deployment = httpx.get(f"{served.api}/deployments/name/rsi-lineage/climb").json()
+    deployment = served.get("/deployments/name/rsi-lineage/climb")
     page.goto(f"{ui}/deployments/deployment/{deployment['id']}")
     page.get_by_text("rsi-lineage", exact=False).first.wait_for(timeout=60_000)
     page.wait_for_timeout(3000)
