@@ -306,12 +306,14 @@ def test_heartbeat_retries_then_stops_the_run_with_a_clear_message(tiny_base, rs
     run.close()
 
 
-def _rsi_run(home: Path, generations: int, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    """``rsi run`` in its own process group, output to a file. A run killed with -9 leaves its Prefect ephemeral
-    API server (a child process) orphaned and holding the output open, so the group is killed after the run
-    ends, as a machine losing the whole job would."""
+def _rsi_run(home: Path, generations: int, kill_at: str | None = None, api: str | None = None
+             ) -> subprocess.CompletedProcess:
+    """``rsi run`` in its own process group, output to a file, against the Prefect API ``api`` (a server, as at
+    scale) or, when None, its own embedded one. A run killed with -9 leaves its embedded Prefect API server (a
+    child process) orphaned and holding the output open, so the group is killed after the run ends, as a machine
+    losing the whole job would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "RSI_TEST_KILL"))}
-    env |= {"RSI_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env |= {"RSI_HOME": str(home), "PYTHONUNBUFFERED": "1"} | ({"RSI_PREFECT_API_URL": api} if api else {})
     if kill_at:
         env["RSI_TEST_KILL_AT"] = kill_at
     cmd = [sys.executable, "-m", "rsi", "run", "addition", "--profile", "tiny", "--generations", str(generations)]
@@ -365,21 +367,26 @@ KILL_POINTS = ["2:start", "2:discover", "2:execute", "2:audit", "2:select", "2:t
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_kill_9_anywhere_then_rerun_ends_like_an_uninterrupted_run(tiny_base, tmp_path) -> None:
+def test_kill_9_anywhere_then_rerun_ends_like_an_uninterrupted_run(prefect_api, tiny_base, tmp_path) -> None:
     """SIGKILL at 8 points (between generations 1 and 2, and after each stage's work of generation 2, before its
-    result is stored), each time resuming the same RSI_HOME: the lineage ends exactly as an uninterrupted run."""
+    result is stored), each time resuming the same RSI_HOME: the lineage ends exactly as an uninterrupted run.
+    The runs report to one Prefect server (the session's), as scheduled runs at scale do; the embedded API's own
+    stop is test_sigterm_to_rsi_run_stops_its_embedded_prefect_server's."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     for home in (killed, clean):
         seed_home(home, tiny_base)
     for i, point in enumerate(KILL_POINTS):
-        result = _rsi_run(killed, 2 if i == 0 else 1, kill_at=point)
+        result = _rsi_run(killed, 2 if i == 0 else 1, kill_at=point, api=api)
         assert result.returncode == -signal.SIGKILL, (point, result.stdout[-3000:])
-    finished = _rsi_run(killed, 1)
+    finished = _rsi_run(killed, 1, api=api)
     assert finished.returncode == 0, finished.stdout[-3000:]
     for stage in ("discover", "execute", "audit", "select", "train", "evaluate"):
         assert f"generation 2 {stage}: skipped (finished earlier" in finished.stdout, finished.stdout[-3000:]
     assert "generation 2 register: skipped" not in finished.stdout  # killed before its result was stored
-    uninterrupted = _rsi_run(clean, 2)
+    uninterrupted = _rsi_run(clean, 2, api=api)
     assert uninterrupted.returncode == 0, uninterrupted.stdout[-3000:]
     facts = lineage_facts(killed)
     assert facts == lineage_facts(clean)

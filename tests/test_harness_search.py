@@ -69,9 +69,9 @@ def test_proposals_are_valid_distinct_and_never_the_harness_itself(tmp_path) -> 
 def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefect_api, tiny_base, rsi_home):
     """Generation 1 searches (every=1: the plan paired with the untrained base) and trains (promoted); generation 2
     searches two candidate widths and a plan: each is stored; a width is migrated from the champion on the
-    lineage's verified answers, the plan (same format) keeps the champion's adapter as it is; each is judged and registered with its harness tags. Generation 3
-    searches again: the stored decisions of all candidates gated against one parent, search and ordinary ones
-    alike, spend at most the gate's alpha."""
+    lineage's verified answers, the plan (same format) keeps the champion's adapter as it is; each is judged and
+    registered with its harness tags. The stored decisions of all candidates gated against one parent, search
+    and ordinary ones alike, spend at most the gate's alpha."""
     from mlflow import MlflowClient
     from sqlalchemy import select
 
@@ -88,7 +88,7 @@ def test_a_search_generation_migrates_judges_and_registers_every_candidate(prefe
     # propose, differs by machine; tests/test_mutations.py and bench/harness_repair.py cover those)
     search = {"every": 1, "space": {"width": [11, 12], "chunk": [1]}, "proposers": ["addition"],
               "gates": 3, "screen_margin": -1.0, "migration": {"steps": 4, "batch_size": 8, "warmup": 1}}
-    summaries, _ = run_tiny(3, harness_search=search, **PROMOTING)
+    summaries, _ = run_tiny(2, harness_search=search, **PROMOTING)
     assert summaries[0].gate == "promoted"
     searched = summaries[1]
     assert [c.harness.split(".")[1].split("-")[0] for c in searched.harness_candidates] == ["chunks1", "pad11", "pad12"]
