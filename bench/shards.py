@@ -79,7 +79,7 @@ def main() -> None:
 
     from bench.train import open_run
     from rsi.runners import LocalRunner, RayRunner
-    from rsi.store.leases import acquire_lease
+    from rsi.store.leases import acquire_lease, release_lease
 
     run = open_run(args.profile, root)
     config = run.config
@@ -105,7 +105,7 @@ def main() -> None:
             reference = reference or outputs
             identical[name] = identical.get(name, True) and outputs == reference
     ray.shutdown()
-    run.release()
+    release_lease(run.store, config.lineage, run.fence.holder, run.fence.token)
     run.close()
 
     local_total = sum(best["local"].values())
