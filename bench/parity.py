@@ -55,7 +55,8 @@ def main() -> None:
     started = time.perf_counter()
     state = engine.start(args.model, home)
     load_s = time.perf_counter() - started
-    result = {"model": str(args.model), "adapter": str(args.adapter) if args.adapter else None, "engine_load_s": load_s}
+    result = {"model": str(args.model), "adapter_dir": str(args.adapter) if args.adapter else None,
+              "engine_load_s": load_s}  # the arms' results under "base" and "adapter"
     try:
         vllm, hf = OpenAIBackend(state.base_url, tokenizer_dir=args.model), HFBackend(args.model)
         for tag, adapter in (("base", None), ("adapter", args.adapter)):
