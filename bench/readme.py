@@ -236,6 +236,95 @@ def traffic_generation(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def train(result: dict[str, Any]) -> str:
+    """The loop and TRL on the same verified samples: speed, losses and held-out accuracy beside the base's."""
+    data, levels = result["data"], [str(level) for level in result["levels"]]
+    lines = [f"`{result['profile']}` generation 1's data: {data['examples']} examples ({data['frontier']} frontier at "
+             f"levels {data['frontier_levels']}, {data['replay']} replay at {data['replay_levels']}) from "
+             f"{data['samples']} samples of the base, {data['passed']} passed the audit; {result['spec']['steps']} "
+             f"steps of batch {result['spec']['batch_size']}, best of {result['repeat']} runs an arm; held-out greedy "
+             f"accuracy, {result['eval_n']} tasks a level.", "",
+             "| trainer | wall s | tokens/s | CPU s | first loss | final loss | "
+             + " | ".join(f"L{level}" for level in levels) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(levels),
+             "| base (no training) | | | | | | " + " | ".join(f"{data['base'][level]:.3f}" for level in levels) + " |"]
+    for name, arm in result["arms"].items():
+        accuracy = " | ".join(f"{arm['heldout'][level]:.3f}" for level in levels)
+        lines.append(f"| {name} | {arm['wall_s']:.1f} | {arm['tokens_per_s']:.0f} | {arm['cpu_s']:.1f} | "
+                     f"{arm['first_loss']:.4f} | {arm['final_loss']:.4f} | {accuracy} |")
+    ratio = result["trl_over_loop"]
+    lines += ["", f"TRL / loop: tokens/s {ratio['tokens_per_s']:.3f}, wall {ratio['wall_s']:.3f}."]
+    return "\n".join(lines) + "\n"
+
+
+def shards(result: dict[str, Any]) -> str:
+    """Execute, audit and evaluation of one generation: the local runner against Ray at 1..N shards."""
+    lines = [f"`{result['profile']}` generation 1: {result['tasks']} tasks x {result['samples']} samples, evaluation "
+             f"of {len(result['eval_levels'])} levels x {result['eval_n']}; fastest of {result['repeat']} passes an "
+             f"arm, {result['cpus']} CPUs, Ray {result['ray']} (start {result['ray_start_s']:.1f} s and worker warm-up "
+             f"{result['warm_up_s']:.1f} s not counted).", "",
+             "| arm | execute s | audit s | evaluate s | total s | / local | outputs = local |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['arm']} | {row['execute']:.2f} | {row['audit']:.2f} | {row['evaluate']:.2f} | "
+                     f"{row['total']:.2f} | {row['ratio']:.2f} | {'yes' if row['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def episodes(result: dict[str, Any]) -> str:
+    """Sorting episodes per second per engine, and the hf backend against ``model.generate``."""
+    single = result["single_turn"]
+    lines = [f"{result['tasks_per_level']} test tasks at each of levels {result['levels']}, greedy episodes.", "",
+             "| engine | episodes | turns | seconds | episodes/s | turns/s | solved | / hf | audit ms/episode |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in result["episodes"]:
+        lines.append(f"| {e['engine']} | {e['episodes']} | {e['turns']} | {e['seconds']:.2f} | "
+                     f"{e['episodes_per_s']:.1f} | {e['turns_per_s']:.1f} | {e['solved']} | {e['over_hf']:.2f} | "
+                     f"{e['audit_ms_per_episode']:.2f} |")
+    lines += ["", f"One batch of {single['prompts']} single-turn prompts: the hf backend "
+              f"{single['backend']['tokens_per_s']:.0f} tokens/s, `model.generate` "
+              f"{single['generate']['tokens_per_s']:.0f} (backend / generate {single['backend_over_generate']:.2f}x; "
+              f"{single['same_text']}/{single['prompts']} identical texts)."]
+    return "\n".join(lines) + "\n"
+
+
+def generation(result: dict[str, Any]) -> str:
+    """New tokens per second of each engine, batched and one prompt at a time."""
+    lines = [f"Model `{Path(result['model']).name}`, greedy, {result['params']['max_new_tokens']} new tokens at most.",
+             "", "| engine | mode | prompts | new tokens | seconds | tokens/s |", "|---|---|---|---|---|---|"]
+    for arm in result["arms"]:
+        lines.append(f"| {arm['engine']} | {arm['mode']} | {arm['prompts']} | {arm['new_tokens']} | "
+                     f"{arm['seconds']:.2f} | {arm['tokens_per_s']:.0f} |")
+    lines += ["", "Batched / one at a time: " + ", ".join(
+        f"{engine} {ratio:.1f}x" for engine, ratio in result["batched_over_sequential"].items()) + "; batched over hf: "
+        + (", ".join(f"{engine} {ratio:.2f}x" for engine, ratio in result["batched_over_hf"].items()) or "-") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def parity(result: dict[str, Any]) -> str:
+    """Greedy completions of the vLLM server against the hf backend's, per arm."""
+    lines = [f"Model `{Path(result['model']).name}`; vLLM's engine loaded in {result['engine_load_s']:.1f} s.", "",
+             "| arm | identical completions | of | identical token counts |", "|---|---|---|---|"]
+    for arm in ("base", "adapter"):
+        if isinstance(result.get(arm), dict):
+            r = result[arm]
+            lines.append(f"| {arm} | {r['equal']} | {r['n']} | {r['counts_equal']} |")
+    return "\n".join(lines) + "\n"
+
+
+def cycle(result: dict[str, Any]) -> str:
+    """Seconds per stage of one generation as the Prefect flow and as direct calls."""
+    flow, direct = result["flow"], result["direct"]
+    lines = [f"`{result['profile']}` generation 1, fastest of {result['repeat']} runs an arm, {result['cpus']} CPUs.",
+             "", "| stage | flow s | direct s | flow / direct |", "|---|---|---|---|"]
+    for stage, seconds in flow["stages"].items():
+        lines.append(f"| {stage} | {seconds:.2f} | {direct['stages'][stage]:.2f} | "
+                     f"{seconds / direct['stages'][stage]:.2f} |")
+    lines += [f"| total | {flow['total']:.2f} | {direct['total']:.2f} | {result['overhead_ratio']:.3f} |", "",
+              f"The flow's wall time with the Prefect API's start-up: {result['flow_wall_with_startup']:.1f} s."]
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -259,12 +348,12 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "ablation-sorting": ("bench/ablation.py", ablation),
     "harness_repair": ("bench/harness_repair.py", harness_repair),
     "selfplay": ("bench/selfplay.py", selfplay),
-    "train": ("bench/train.py", None),
-    "shards": ("bench/shards.py", None),
-    "episodes": ("bench/episodes.py", None),
-    "generation": ("bench/generation.py", None),
-    "parity": ("bench/parity.py", None),
-    "cycle": ("bench/cycle.py", None),
+    "train": ("bench/train.py", train),
+    "shards": ("bench/shards.py", shards),
+    "episodes": ("bench/episodes.py", episodes),
+    "generation": ("bench/generation.py", generation),
+    "parity": ("bench/parity.py", parity),
+    "cycle": ("bench/cycle.py", cycle),
     "smollm2": ("bench/smollm2.py", None),
     "serve": ("bench/serve.py", None),
     "serve-session": ("bench/serve_session.py", None),
