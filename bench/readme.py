@@ -325,6 +325,23 @@ def cycle(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def smollm2(result: dict[str, Any]) -> str:
+    """One generation on SmolLM2-135M-Instruct: test-split accuracy per level before and after, paired."""
+    gen, seconds = result["generation"], result["seconds"]
+    lines = [f"Base `{result['base']}` under `{result['harness']}`, {result['split']} split, {result['decoding']}, "
+             f"up to {result['n_per_level']} tasks a level (the same tasks before and after).", "",
+             "| level | n | before | after |", "|---|---|---|---|"]
+    for level, row in result["levels"].items():
+        lines.append(f"| {level} | {row['n']} | {row['before']:.3f} ({row['before_correct']}) | "
+                     f"{row['after']:.3f} ({row['after_correct']}) |")
+    gate = "promoted" if gen["promoted"] else "rejected"
+    lines += ["", f"Generation 1: {gen['trained_examples']} examples, {gen['steps']} steps (loss "
+              f"{gen['first_loss']:.4f} -> {gen['final_loss']:.4f}, {gen['train_s']:.0f} s), gate {gate}; the "
+              f"generation took {seconds['run_generation']:.0f} s, the evaluation before and after "
+              f"{seconds['evaluate_before_and_after']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -354,7 +371,7 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "generation": ("bench/generation.py", generation),
     "parity": ("bench/parity.py", parity),
     "cycle": ("bench/cycle.py", cycle),
-    "smollm2": ("bench/smollm2.py", None),
+    "smollm2": ("bench/smollm2.py", smollm2),
     "serve": ("bench/serve.py", None),
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
