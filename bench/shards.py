@@ -78,34 +78,33 @@ def main() -> None:
     import ray
 
     from bench.train import open_run
+    from rsi.run import holding_lease
     from rsi.runners import LocalRunner, RayRunner
-    from rsi.store.leases import acquire_lease, release_lease
 
     run = open_run(args.profile, root)
     config = run.config
-    run.fence.holder, run.fence.token = acquire_lease(run.store, config.lineage)
-    champ, tasks, params, levels = workload(run)
+    with holding_lease(run.fence):  # taken, renewed while the passes run, released
+        champ, tasks, params, levels = workload(run)
 
-    started = time.perf_counter()
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING)
-    ray_start = time.perf_counter() - started
-    arms = {"local": LocalRunner(run)} | {f"ray-{n}": RayRunner(run, n) for n in range(1, args.max_shards + 1)}
-    started = time.perf_counter()
-    one_pass(arms[f"ray-{args.max_shards}"], run, champ, tasks, params, levels)  # every worker loads the model
-    warm_up = time.perf_counter() - started
-    one_pass(arms["local"], run, champ, tasks, params, levels)
+        started = time.perf_counter()
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+        ray_start = time.perf_counter() - started
+        arms = {"local": LocalRunner(run)} | {f"ray-{n}": RayRunner(run, n) for n in range(1, args.max_shards + 1)}
+        started = time.perf_counter()
+        one_pass(arms[f"ray-{args.max_shards}"], run, champ, tasks, params, levels)  # every worker loads the model
+        warm_up = time.perf_counter() - started
+        one_pass(arms["local"], run, champ, tasks, params, levels)
 
-    best: dict[str, dict[str, float]] = {}
-    reference, identical = None, {}
-    for _ in range(args.repeat):
-        for name, runner in arms.items():
-            seconds, outputs = one_pass(runner, run, champ, tasks, params, levels)
-            best[name] = {s: min(seconds[s], best.get(name, {}).get(s, float("inf"))) for s in STAGES}
-            reference = reference or outputs
-            identical[name] = identical.get(name, True) and outputs == reference
-    ray.shutdown()
-    release_lease(run.store, config.lineage, run.fence.holder, run.fence.token)
+        best: dict[str, dict[str, float]] = {}
+        reference, identical = None, {}
+        for _ in range(args.repeat):
+            for name, runner in arms.items():
+                seconds, outputs = one_pass(runner, run, champ, tasks, params, levels)
+                best[name] = {s: min(seconds[s], best.get(name, {}).get(s, float("inf"))) for s in STAGES}
+                reference = reference or outputs
+                identical[name] = identical.get(name, True) and outputs == reference
+        ray.shutdown()
     run.close()
 
     local_total = sum(best["local"].values())
