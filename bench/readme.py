@@ -342,6 +342,19 @@ def smollm2(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def programs_base(result: dict[str, Any]) -> str:
+    """The programs base built three ways: test accuracy per level and the build's CPU-seconds."""
+    levels = result["levels"]
+    lines = [f"Test split, greedy, {result['n']} tasks a level (the selfplay suite).", "",
+             "| base | build CPU-s | " + " | ".join(f"L{lv}" for lv in levels) + " | mean |",
+             "|---|---|" + "---|" * (len(levels) + 1)]
+    for arm in result["arms"]:
+        what = f"`{arm['harness']}`" + (f", rewrites {arm['rewrites']}" if arm["rewrites"] else "")
+        lines.append(f"| {what} | {arm['build_cpu_s']:.0f} | " +
+                     " | ".join(f"{arm['test'][str(lv)]:.2f}" for lv in levels) + f" | {arm['mean']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -365,6 +378,7 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "ablation-sorting": ("bench/ablation.py", ablation),
     "harness_repair": ("bench/harness_repair.py", harness_repair),
     "selfplay": ("bench/selfplay.py", selfplay),
+    "programs-base": ("bench/programs_base.py", programs_base),
     "train": ("bench/train.py", train),
     "shards": ("bench/shards.py", shards),
     "episodes": ("bench/episodes.py", episodes),
