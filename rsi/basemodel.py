@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -61,7 +60,6 @@ class FamilyPart(pydantic.BaseModel, frozen=True):
     family: str
     harness: str | None = None
     mistakes: float = pydantic.Field(0.0, ge=0.0, lt=1.0)
-    rewrites: int = pydantic.Field(0, ge=0)
     train_levels: tuple[int, ...]
     level_weights: tuple[float, ...]
     steps: int = pydantic.Field(ge=1, description="optimizer steps on this family's batches")
@@ -78,8 +76,6 @@ def _check_family(p: FamilyPart | BaseRecipe) -> None:
         raise ValueError("level_weights must have one weight per entry of train_levels")
     if any(w < 0 for w in p.level_weights) or sum(p.level_weights) <= 0:
         raise ValueError("level_weights must be >= 0 with a positive sum")
-    if p.rewrites and getattr(plugins.get("family", p.family), "rewrite", None) is None:
-        raise ValueError(f"rewrites: family {p.family!r} declares no rewrite (TaskFamily.rewrite)")
     if pretraining(p.family).harness != (p.harness is not None):
         text = ", ".join(n for n in plugins.names("pretraining") if not plugins.get("pretraining", n).harness)
         raise ValueError("a tool family's base is trained on its episodes under a harness: set harness for a "
@@ -100,10 +96,6 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
         "a tool family's demonstrations: the chance per turn that the expert makes a mistake it then recovers "
         "from (noise injection, as in DART). Without it every level-n episode says 'done' after exactly n calls "
         "and the base learns to count turns, not to look at the state"))
-    rewrites: int = pydantic.Field(0, ge=0, description=(
-        "a family with ``rewrite`` (programs: no-op pairs): each demonstration rewritten longer, k times, k drawn "
-        "from 0..rewrites per task (seeded by it); the same levels, answers and splits at more lengths, so the base "
-        "meets long runs of the few operations it learns (measured: bench/programs_base.py)"))
     also: tuple[FamilyPart, ...] = pydantic.Field((), description=(
         "more families for one joint base (several lineages' champions on one frozen base): each part's batches "
         "get its own steps, interleaved evenly with the recipe's own family's under one LR schedule"))
@@ -168,9 +160,6 @@ class BaseRecipe(pydantic.BaseModel, frozen=True):
             del data["family"], data["harness"], data["mistakes"]
         if not self.also:
             del data["also"]
-        for part in [data, *data.get("also", ())]:
-            if not part.get("rewrites", 1):
-                del part["rewrites"]
         canon = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256((FORMAT_VERSION + "\n" + canon).encode()).hexdigest()[:16]
 
@@ -215,10 +204,6 @@ def _demonstrations(r: BaseRecipe) -> dict[int, list[tuple[list[int], list[int]]
     for level in r.train_levels:
         rows = []
         for task in family.tasks("train", r.seed, level, 4096):
-            if r.rewrites:
-                rng = random.Random(task.id)
-                task = task.model_copy(update={"payload": family.rewrite(rng, task.payload,
-                                                                        rng.randint(0, r.rewrites))})
             ids, labels = [BOS_ID], [-100]
             demo = demonstration(harness, family, task, r.mistakes)
             for k, (text, trained) in enumerate(segments(demo.messages, EOS)):

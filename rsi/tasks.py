@@ -98,10 +98,6 @@ class TaskFamily:
     filters: dict[str, Callable[..., str]] = field(default_factory=dict)
     # A proposer's family: its tasks ask for a task of another family, which its accepted answers are.
     proposes: Proposes | None = None
-    # An equivalent task written longer: ``rewrite(rng, payload, k)`` is ``payload`` with k things added that change
-    # neither its answer, its level nor its split (programs: no-op pairs). The base may learn from rewritten
-    # demonstrations (``BaseRecipe.rewrites``): the same levels, written at more lengths.
-    rewrite: Callable[[random.Random, dict[str, Any], int], dict[str, Any]] | None = None
 
     def split_of(self, payload: dict[str, Any]) -> Split:
         return split_of_key(self.name, self.split_key(payload) if self.split_key else payload)

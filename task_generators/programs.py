@@ -255,28 +255,6 @@ def depends_on_input(program: str, inputs: range = range(10)) -> bool:
     return len({run(program, x).output for x in inputs} - {None}) > 1
 
 
-def pad(rng: random.Random, payload: dict[str, Any], k: int) -> dict[str, Any]:
-    """``payload``'s program with ``k`` no-op pairs (``dup drop``, ``0 add``, ``swap swap``, ... : ``_NOTHING``)
-    inserted at random places after its first token: the same output on every input, the same canonical
-    program, so the same level and split; a run of it is ``k`` or more steps longer. A program with jumps (whose
-    targets an insertion would move) or at ``MAX_TOKENS`` comes back as it is."""
-    tokens = parse(payload["program"])
-    if any(isinstance(t, tuple) for t in tokens):
-        return payload
-    want = canonical(payload["program"])
-    for _ in range(k):
-        if len(tokens) + 2 > MAX_TOKENS:
-            break
-        for _ in range(32):  # a pair that needs two values does not fit where the stack holds one: draw again
-            first, second = rng.choice(_NOTHING)
-            at = rng.randint(1, len(tokens))
-            tried = [*tokens[:at], rng.randint(0, 9) if first is int else first, second, *tokens[at:]]
-            if _execute(tried, payload["input"]).output is not None and canonical(text(tried)) == want:
-                tokens = tried
-                break
-    return {**payload, "program": text(tokens)}
-
-
 def make(rng: random.Random, level: int) -> tuple[dict[str, Any], int]:
     while True:
         program, x = text(_expression(rng, level)), rng.randint(0, 9)
@@ -379,7 +357,6 @@ family = TaskFamily(
     solve=solve,
     level_of=level_of,
     filters={"worked": worked},
-    rewrite=pad,
 )
 
 

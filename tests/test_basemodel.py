@@ -73,37 +73,6 @@ def test_recipes_without_also_keep_their_digests() -> None:
     assert BaseRecipe(**load_config("demo").base_recipe).digest() == "9fbb1f5fcc5603e8"
     assert BaseRecipe(**load_config("sorting").base_recipe).digest() == "99d1b99245bfe4e7"
     assert BaseRecipe(also=(SORTING_PART,)).digest() != BaseRecipe().digest()
-    programs = load_config("programs").base_recipe  # a joint recipe, from before ``rewrites``
-    assert BaseRecipe(**programs).digest() == "0bef5432ac1f9c2d"
-    assert BaseRecipe(**programs, rewrites=3).digest() != BaseRecipe(**programs).digest()
-
-
-def test_rewrites_need_a_family_that_rewrites() -> None:
-    with pytest.raises(ValueError, match="family 'sorting' declares no rewrite"):
-        FamilyPart(family="sorting", harness="sorting/v1", train_levels=(1,), level_weights=(1.0,), steps=1,
-                   rewrites=2)
-
-
-def test_rewritten_demonstrations_are_the_same_tasks_written_longer() -> None:
-    """``rewrites``: each demonstration is its task's program with no-op pairs added (programs.pad), so the base
-    sees the levels it learns at more lengths; the answer the demonstration teaches is the task's."""
-    from rsi.basemodel import _demonstrations, build_tokenizer
-    from rsi.task_generators import programs
-
-    plain = BaseRecipe(family="programs", harness="programs/v2", train_levels=(2,), level_weights=(1.0,),
-                       max_position_embeddings=1024)
-    longer = plain.model_copy(update={"rewrites": 3})
-    tok = build_tokenizer()
-    rows, rewritten = _demonstrations(plain)[2], _demonstrations(longer)[2]
-    assert len(rows) == len(rewritten) > 100
-    assert sum(len(r[0]) for r in rewritten) > 1.5 * sum(len(r[0]) for r in rows)
-    for (ids, _), (long_ids, labels) in list(zip(rows, rewritten))[:50]:
-        short, long = tok.decode(ids[1:]), tok.decode(long_ids[1:])
-        (program, x), (padded, _) = (text.split(" =", 1)[0].split(" ; x=") for text in (short, long))
-        assert programs.canonical(padded) == programs.canonical(program)
-        assert long.rsplit(" ", 1)[-1].replace("<eos>", "") == short.rsplit(" ", 1)[-1].replace("<eos>", "")
-        taught = tok.decode([t for t in labels if t != -100]).replace("<eos>", "")
-        assert taught == programs.worked({"program": padded, "input": int(x)})
 
 
 def test_a_joint_recipe_checks_each_family() -> None:

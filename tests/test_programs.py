@@ -3,8 +3,6 @@ splits by canonical program, the human-written generator, and a base that learns
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from rsi.hcp import load_harness
@@ -159,19 +157,3 @@ def test_a_proposal_of_a_held_out_program_is_rejected_and_a_fresh_one_accepted()
     fresh = next(t.payload for t in family.tasks("train", 0, 3, 5))
     judged = programs.judge_proposal(f"{fresh['program']} ; x={fresh['input']}")
     assert judged.accepted and judged.level == 3 and judged.payload == fresh
-
-
-def test_pad_writes_the_same_program_longer() -> None:
-    """``pad``: no-op pairs inserted, so the output on every input, the canonical program, its level and its
-    split stay; each pair is a step more of the run."""
-    rng = random.Random(0)
-    for level in (1, 2, 5, 9):
-        for task in programs.family.tasks("train", 0, level, 20):
-            padded = programs.pad(rng, task.payload, 4)
-            assert len(padded["program"].split()) == len(task.payload["program"].split()) + 8
-            assert programs.canonical(padded["program"]) == programs.canonical(task.payload["program"])
-            assert programs.level_of(padded) == level and programs.family.split_of(padded) == "train"
-            assert [programs.run(padded["program"], x) .output for x in range(-3, 10)] == \
-                [programs.run(task.payload["program"], x).output for x in range(-3, 10)]
-    jumps = {"program": "x jz:1 1 2 add", "input": 0}
-    assert programs.pad(rng, jumps, 3) == jumps
