@@ -349,7 +349,7 @@ def programs_base(result: dict[str, Any]) -> str:
              "| base | build CPU-s | " + " | ".join(f"L{lv}" for lv in levels) + " | mean |",
              "|---|---|" + "---|" * (len(levels) + 1)]
     for arm in result["arms"]:
-        what = f"`{arm['harness']}`" + (f", rewrites {arm['rewrites']}" if arm["rewrites"] else "")
+        what = f"`{arm['harness']}`" + (f", padded 0-{arm['rewrites']} no-op pairs" if arm["rewrites"] else "")
         lines.append(f"| {what} | {arm['build_cpu_s']:.0f} | " +
                      " | ".join(f"{arm['test'][str(lv)]:.2f}" for lv in levels) + f" | {arm['mean']:.3f} |")
     return "\n".join(lines) + "\n"
