@@ -8,6 +8,7 @@ cycle that would promote them is tested in test_cycle.py.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -1135,7 +1136,8 @@ def test_proxy_over_the_vllm_engine(served, adapters, tiny_base, rsi_home) -> No
     with it. Run with ``pytest -m vllm tests/test_serve.py`` (needs ``rsi engine install``)."""
     import json
 
-    import openai
+    import httpx  # noqa: F401 (imported here first: the proxy's engine thread importing it while the openai client
+    import openai  # reads it races, 'partially initialized module httpx')
 
     from rsi import engine
     from rsi.backends import get_backend
@@ -1160,10 +1162,111 @@ def test_proxy_over_the_vllm_engine(served, adapters, tiny_base, rsi_home) -> No
         assert (made.name, json.loads(made.arguments)) == (tool, arguments)
         forced = client.chat.completions.create(model="rsi/base", messages=[{"role": "user", "content": add_prompts[0]}])
         assert forced.choices[0].message.content == probes[0].base.text
+        # streamed: the engine's text as it decodes it, a piece a token (the char model: a token a character), where
+        # a finished reply goes out in pieces of 4; the same text and usage, the turn stored once it is done
+        for name, prompt, text in (("rsi/base", add_prompts[0], probes[0].base.text),
+                                   ("rsi/addition", add_prompts[1], expected[1])):
+            chunks = list(client.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}],
+                                                         stream=True, stream_options={"include_usage": True}))
+            pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            assert "".join(pieces) == text and len(pieces) == len(text) > 1, (name, pieces)
+            assert chunks[-1].usage.completion_tokens in (len(text), len(text) + 1)  # + the EOS, when it stopped
+            stored = state_messages(served, chunks[0].model_extra["conversation_id"], "vllm-tester")
+            assert [m["content"] for m in stored] == [prompt, text]
         state = engine.status(rsi_home)
         assert state["healthy"] and Path(state["model"]).name == tiny_base.name  # the champions' base
         assert len({a["name"] for a in state["adapters"]}) == 2  # both specialists, loaded at run time
     assert not engine.status(rsi_home)["running"]  # the proxy started the engine, so it stopped it
+
+
+def state_messages(store, conversation_id: str, key_name: str) -> list[dict]:
+    from rsi.mol import state
+
+    return [m for m, _ in state.conversation_messages(store, conversation_id, key_name)]
+
+
+class SlowEngine:
+    """A stand-in for rsi's vLLM engine (a fake, for the proxy's side of a stream only): an OpenAI-compatible
+    ``/v1/completions`` that streams a digit every 20 ms, 5,000 of them, and records how many it sent and whether
+    its client went away before the end. (rsi's real engine, vLLM, aborts a request whose client goes away; on
+    the built-in model it writes the 128 tokens its context holds in a third of a second, before any client could
+    go away, so it cannot show the proxy closing its side.)"""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.responses import StreamingResponse
+        from starlette.routing import Route
+
+        self.sent, self.gone, self.bodies = 0, threading.Event(), []
+
+        async def completions(request):
+            self.bodies.append(await request.json())
+
+            async def pieces():
+                try:
+                    for _ in range(5000):
+                        self.sent += 1
+                        yield 'data: {"choices": [{"index": 0, "text": "7", "finish_reason": null}]}\n\n'
+                        await asyncio.sleep(0.02)
+                    yield "data: [DONE]\n\n"
+                except BaseException:  # cancelled: the client went away
+                    self.gone.set()
+                    raise
+
+            return StreamingResponse(pieces(), media_type="text/event-stream")
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> SlowEngine:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def test_a_client_gone_mid_stream_closes_the_engine_request(served, tiny_base, rsi_home, monkeypatch) -> None:
+    """``stream: true`` on the openai engine: the proxy passes the engine's pieces through as they come (the first
+    ones reach the client while the engine is still writing), and a client that goes away closes the engine's
+    request within a piece or two, not 5,000 pieces later; the turn is not stored (only finished replies are)."""
+    import json
+
+    import httpx
+
+    from rsi import engine
+    from rsi.mol.state import create_key
+
+    key = create_key(served, "streamer")
+    with SlowEngine() as slow:
+        state = engine.EngineState(pid=os.getpid(), port=slow.port, model=str(tiny_base), started_at=time.time(),
+                                   venv="", log_path="", max_lora_rank=8, max_loras=2, max_model_len=128,
+                                   dtype="float32", note="already running")
+        monkeypatch.setattr(engine, "start", lambda *args, **kwargs: state)
+        with Server(served, rsi_home, engine="openai") as url:
+            body = {"model": "rsi/base", "messages": [{"role": "user", "content": "12+34="}], "stream": True,
+                    "max_tokens": 5000}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {key}"}) as response:
+                events = (json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: "))
+                conversation = next(events)["conversation_id"]
+                assert [next(events)["choices"][0]["delta"]["content"] for _ in range(3)] == ["7", "7", "7"]
+                assert not slow.gone.is_set() and slow.sent < 5000  # passed through while the engine writes
+            assert slow.gone.wait(10), "the engine's request stayed open after its client went away"
+            assert slow.sent < 1000
+            assert slow.bodies[0]["stream"] and slow.bodies[0]["prompt"] == "12+34="
+            with pytest.raises(LookupError):
+                state_messages(served, conversation, "streamer")
 
 
 def test_a_person_asks_in_plain_words_and_gets_the_pairs_answer_back_in_plain_words(served, adapters, tiny_base,

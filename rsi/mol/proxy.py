@@ -30,7 +30,11 @@ calls to rsi's vLLM engine with runtime LoRA (``rsi.engine``; one base only; not
 needs the engine venv). The request handler holds a worker thread only for its state-DB and routing steps, and
 only when one of them may wait (a stored conversation to read, champions to look up, a base to load, a router
 that runs a model); never while its reply decodes.
-Streaming sends the finished reply as OpenAI chunks (the backends decode whole replies, not token streams).
+Streaming (``stream: true``) on the ``openai`` engine passes the engine's text through as it comes, wherever the reply
+is the model's text as written (the base model; a specialist whose harness has no tools and that is not answering
+in plain words a task read from a person's message); a client that goes away cancels the engine's request, and
+only a finished reply is stored. Elsewhere (the ``hf`` engine decodes whole replies; a reply that may be a call, or
+is composed from the pair's answer) the finished reply goes out as OpenAI chunks.
 """
 
 
@@ -42,6 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from contextlib import asynccontextmanager
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,11 +55,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rsi.errors import UserError
+from rsi.errors import RuntimeFailure, UserError
 from rsi.hcp.syntax import render_call
 from rsi.models import Message, ToolCall
 from rsi.mol.views import VIEWS, knows_own, own_prompt, posed_task
 from rsi.mol.views import answered
+from rsi.mol.streaming import Stream, streams
 from rsi.pair import Reply, Responder
 
 log = logging.getLogger(__name__)
@@ -510,9 +516,10 @@ class Service:
         return finish(future.result())[:4]
 
     def begin_answer(self, route: Any, champions: dict[str, Any], messages: list[Message], req: ChatRequest,
-                     specialists: list[str | None]) -> tuple[Future, Callable[[Any], Answer]]:
-        """The routed model's call, sent: (a future of its completions, the function that makes them ``answer``'s
-        tuple). The HTTP handler awaits the future without holding a thread while the engine decodes."""
+                     specialists: list[str | None]) -> tuple[Future | Stream, Callable[[Any], Answer]]:
+        """The routed model's call, sent: (a future of its completions, or the ``Stream`` the response will pass
+        through, and the function that makes its completions ``answer``'s tuple). The HTTP handler awaits the
+        future without holding a thread while the engine decodes."""
         from rsi.backends.base import SamplingParams
 
         wanted = req.max_completion_tokens or req.max_tokens
@@ -535,12 +542,13 @@ class Service:
                                     temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stops())
             chatting = next((c for c in champions.values() if c.harness.chat), None)
             if chatting is not None:  # a chat model: the conversation through its chat template, as the base sees it
-                future = self._submit(self.backend(chatting.base_dir), "chat",
-                                      [chat_view(messages, specialists, BASE)], params, None)
+                future = self._call(self.backend(chatting.base_dir), "chat",
+                                    [chat_view(messages, specialists, BASE)], params, None, stream=bool(req.stream))
                 return future, lambda out: _plain(out[0][0])
             user = next(m for m in reversed(messages) if m.role == "user")  # no chat model: the last user message
             base_dir = next(iter(champions.values())).base_dir
-            future = self._submit(self.backend(base_dir), "generate", [user.content or " "], params, None)
+            future = self._call(self.backend(base_dir), "generate", [user.content or " "], params, None,
+                                stream=bool(req.stream))
             return future, lambda out: _plain(out[0][0])
         harness = champion.harness
         params = specialist_params(harness, wanted, req.temperature, req.top_p, req.seed, req.stops())
@@ -563,12 +571,22 @@ class Service:
             return self._threads.submit(pair.answer_task, task, params), turn
         convo = chat_view(messages, specialists, route.specialist) if harness.chat else view(harness, messages)
         mode, items = pair.request([convo])
-        future = self._submit(pair.backend, mode, items, params, pair.adapter, harness.chat_tools)
+        # a harness without tools replies in text only: its text can go out as the engine writes it
+        future = self._call(pair.backend, mode, items, params, pair.adapter, harness.chat_tools,
+                            stream=bool(req.stream) and not harness.document.tools)
 
         def call_id(j: int, n: int) -> str:  # the id names the specialist, so its result finds it again
             return f"call_{route.specialist}_{uuid.uuid4().hex[:12]}"
 
         return future, lambda completions: turn(pair.reply(completions[0][0], call_id))
+
+    def _call(self, backend: Any, mode: str, items: list[Any], params: Any, adapter: str | None, tools: Any = (),
+              stream: bool = False) -> Future | Stream:
+        """The engine call of one reply: a ``Stream`` where the reply may go out as it is decoded (``stream``
+        asked, and a backend that streams: rsi's vLLM engine), else sent now (``_submit``)."""
+        if stream and streams(backend):
+            return Stream(backend, mode, items[0], params, adapter)
+        return self._submit(backend, mode, items, params, adapter, tools)
 
     def _submit(self, backend: Any, mode: str, items: list[Any], params: Any, adapter: str | None,
                 tools: Any = ()) -> Future:
@@ -825,36 +843,72 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             prepared = await run_in_threadpool(begin, req, owner, conversation_id)
         conversation_id, continued, added, route, future, finish, champions = prepared
         times["prepare"] = lap()
-        reply, finish_reason, prompt_tokens, completion_tokens, record = finish(await asyncio.wrap_future(future))
-        times["engine"] = lap()
-        answer_s.observe(times["prepare"] + times["engine"])
         who = route.specialist or BASE
-        # stored before the reply goes out: a client that has the reply finds it in the conversation
-        turn = [(openai_message(m), None) for m in added] + [(openai_message(reply) | ({RECORD: record} if record
-                                                                                     else {}), who)]
-        try:
-            await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
-                                      else service.writer.start(conversation_id, owner, turn))
-        except LookupError:  # deleted (`rsi conversations prune`) while the turn was answered
-            raise ApiError(404, f"conversation {conversation_id!r} was deleted while this turn was answered; "
-                           "omit conversation_id to start a new one", param="conversation_id",
-                           code="conversation_not_found") from None
-        times["store"] = lap()
-        # /metrics is read without a key: a specialist private to a key is counted, never named
-        public = who == BASE or (who in champions and champions[who].specialist.owner_key is None)
-        routed.labels(who if public else "private", route.router).inc()
-        tokens.labels("prompt").inc(prompt_tokens)
-        tokens.labels("completion").inc(completion_tokens)
         info = {"specialist": who, "confidence": route.confidence, "router": route.router, "reason": route.reason,
                 "conversation_id": conversation_id}
+        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
+        event = partial(_event, completion_id, created, model, info)
+
+        async def keep(answer: Answer) -> dict[str, int]:
+            """Store the turn and count it; its usage. The turn is stored before the reply (or, streamed, its
+            end) goes out: a client that has the reply finds it in the conversation."""
+            reply, _, prompt_tokens, completion_tokens, record = answer
+            turn = [(openai_message(m), None) for m in added] + [
+                (openai_message(reply) | ({RECORD: record} if record else {}), who)]
+            try:
+                await asyncio.wrap_future(service.writer.append(conversation_id, turn) if continued
+                                          else service.writer.start(conversation_id, owner, turn))
+            except LookupError:  # deleted (`rsi conversations prune`) while the turn was answered
+                raise ApiError(404, f"conversation {conversation_id!r} was deleted while this turn was answered; "
+                               "omit conversation_id to start a new one", param="conversation_id",
+                               code="conversation_not_found") from None
+            # /metrics is read without a key: a specialist private to a key is counted, never named
+            public = who == BASE or (who in champions and champions[who].specialist.owner_key is None)
+            routed.labels(who if public else "private", route.router).inc()
+            tokens.labels("prompt").inc(prompt_tokens)
+            tokens.labels("completion").inc(completion_tokens)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens}
+
+        if isinstance(future, Stream):  # the engine's text passed through as it comes; the turn stored at its end
+            async def passed() -> Any:
+                yield event({"role": "assistant", "content": ""})
+                try:
+                    async for piece in future.pieces():
+                        if isinstance(piece, str):
+                            yield event({"content": piece})
+                        else:
+                            answer = finish([[piece]])
+                except (UserError, RuntimeFailure) as exc:  # the status is sent: the error is the last event
+                    log.error("a streamed reply broke off: %s", exc)
+                    broke = ApiError(502, "the engine broke off this reply; ask again", type_="server_error",
+                                     code="engine_error")
+                    yield f"data: {json.dumps(broke.body())}\n\n"
+                    return
+                answer_s.observe(times["prepare"] + lap())
+                try:
+                    usage = await keep(answer)
+                except ApiError as exc:  # the status is sent: the error goes as the stream's last event
+                    yield f"data: {json.dumps(exc.body())}\n\n"
+                    return
+                yield event({}, answer[1])
+                if req.include_usage():
+                    yield event(None, usage=usage)
+                yield "data: [DONE]\n\n"
+
+            return PassedThrough(passed(), media_type="text/event-stream", headers={
+                CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,
+                "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())})
+        answer = finish(await asyncio.wrap_future(future))
+        times["engine"] = lap()
+        answer_s.observe(times["prepare"] + times["engine"])
+        usage = await keep(answer)
+        times["store"] = lap()
+        reply, finish_reason = answer[0], answer[1]
         headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,  # where a request's time went
                    "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())}
-        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), f"rsi/{who}"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
         if req.stream:
-            return StreamingResponse(_chunks(completion_id, created, model, reply, finish_reason, info,
-                                             usage if req.include_usage() else None),
+            return StreamingResponse(_chunks(event, reply, finish_reason, usage if req.include_usage() else None),
                                      media_type="text/event-stream", headers=headers)
         message = openai_message(reply)
         if reply.tool_calls:  # the text the model wrote for its calls is the proxy's; a client reads the calls
@@ -863,6 +917,26 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                 "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
                 "usage": usage, "conversation_id": conversation_id, "rsi": info}
         return JSONResponse(body, headers=headers)
+
+    class PassedThrough(StreamingResponse):
+        """A stream that notices a client gone while the engine decodes, not only at the next piece sent (uvicorn
+        speaks ASGI 2.4, where Starlette's stream learns of it only from a failed send): the stream is cancelled,
+        and with it the engine's request (``Stream``)."""
+
+        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            import anyio
+
+            async with anyio.create_task_group() as group:
+                async def respond() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away mid-send
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(respond)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
 
     return Proxy(app)
 
@@ -878,18 +952,19 @@ def _sync_at_checkpoints(store: Any) -> None:
         store.engine.dispose()  # connections opened before the listener get it when opened again
 
 
-def _chunks(completion_id: str, created: int, model: str, reply: Message, finish: str, info: dict[str, Any],
-            usage: dict[str, int] | None = None):
-    """The reply as OpenAI ``chat.completion.chunk`` server-sent events, ending with ``data: [DONE]``; with
-    ``usage`` (``stream_options.include_usage``) a last chunk with no choices carries it."""
+def _event(completion_id: str, created: int, model: str, info: dict[str, Any], delta: dict[str, Any] | None,
+           finish_reason: str | None = None, **extra: Any) -> str:
+    """One OpenAI ``chat.completion.chunk`` server-sent event (``delta`` None: a chunk with no choices)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+    chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": choices, **extra, "conversation_id": info["conversation_id"], "rsi": info}
+    return f"data: {json.dumps(chunk)}\n\n"
 
-    def event(delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> str:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                                             "logprobs": None}]
-        chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": choices, **extra, "conversation_id": info["conversation_id"], "rsi": info}
-        return f"data: {json.dumps(chunk)}\n\n"
 
+def _chunks(event: Callable[..., str], reply: Message, finish: str, usage: dict[str, int] | None = None):
+    """A finished reply as server-sent events (``_event``; an engine that does not stream: the hf engine decodes
+    whole replies), ending with ``data: [DONE]``; with ``usage`` (``stream_options.include_usage``) a last chunk
+    with no choices carries it."""
     yield event({"role": "assistant", "content": ""})
     if reply.tool_calls:
         yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(openai_message(reply)["tool_calls"])]})
