@@ -19,14 +19,18 @@ The arms per engine and client count, measured in the same run, taking turns:
   adds (HTTP, auth, rate limit, routing, conversation writes), not what batching gives; for ``vllm`` (the proxy
   with ``--engine openai``), the same calls to the vLLM server's own ``/v1/completions`` over HTTP;
 - ``inprocess`` (``hf`` only): the ``HFBackend`` behind the same batcher in this process, no process boundary;
-  proxy/inprocess adds the engine process's pipe hop and its sharing of the cores with the proxy.
+  proxy/inprocess adds the engine process's pipe hop and its sharing of the cores with the proxy;
+- ``proxy-harvest``: the proxy again (the same server, connections of its own) while the traffic harvest runs
+  beside it: a process of its own (this script's ``--harvester``) harvests the specialist's lineage from every
+  turn stored so far (``rsi.mol.harvest.harvest``, as ``rsi run --from-traffic`` reads it: the state DB's
+  conversations read and each turn judged), pass after pass; it is paused (SIGSTOP) while the other arms run.
 
 It prints p50/p99 latency, requests/s and errors per arm, the proxy's own median time per stage (its replies'
 ``Server-Timing``: auth, prepare, engine, store), and the proxy over baseline ratios (p50, p99 latency;
 requests/s), and writes them to ``bench/results/serve.json``. Beside the ratio of pooled p50s, ``p50 paired``
 is the median over rounds of the proxy's p50 over the baseline's in the same round (arms measured seconds
 apart, so the machine's drift from one round to the next cancels). The acceptance bound: no errors at 32
-clients and proxy p50 <= 1.15x direct p50 (pooled).
+clients and proxy p50 <= 1.15x direct p50 (pooled), the harvest running or not.
 
 Data: an RSI home with a promoted ``addition`` lineage (``make demo`` makes one in ./.rsi; or a copy of one).
 The bench admits ``addition`` as a specialist and trains the ngram router there when they are missing, and
@@ -44,6 +48,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -52,7 +57,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -304,6 +309,57 @@ def proxy(engine: str, program: Sequence[str] | None = None) -> Iterator[str]:
         proc.wait(30)
 
 
+class Harvester:
+    """The harvest as a process of its own (``--harvester``), paused but while ``running()``; ``report()``: its
+    passes and the turns they read, once stopped."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--harvester"], env=env, cwd=REPO,
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":  # its first pass done: imports and caches paid
+            sys.exit(f"the harvester exited with code {self.proc.wait()} before its first pass")
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.seconds = 0.0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.seconds += time.perf_counter() - started
+
+    def stop(self) -> dict:
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=300)
+        return json.loads(out.strip().splitlines()[-1]) | {"seconds_running": self.seconds}
+
+
+def harvester() -> None:
+    """``--harvester``: harvest the specialist's lineage from every stored turn, pass after pass, until SIGTERM;
+    prints 'ready' after the first pass and, at the end, its passes and the turns they read (JSON)."""
+    from rsi.config import get_settings
+    from rsi.mol.harvest import harvest
+    from rsi.mol.registry import Registry
+    from rsi.store import open_store
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    store = open_store()
+    champion = Registry(store, get_settings().home).champions()[SPECIALIST]
+    passes = turns = 0
+    while not stop.is_set():
+        got = harvest(store, champion.harness, champion.pair_id, [champion.specialist])
+        passes, turns = passes + 1, turns + len(got.passed) + len(got.failed) + sum(got.skipped.values())
+        if passes == 1:
+            print("ready", flush=True)
+    print(json.dumps({"passes": passes - 1, "turns_read": turns}), flush=True)  # the first pass: before the arms
+
+
 # ---- engines: the baseline arms ------------------------------------------------------------------------------
 
 
@@ -362,31 +418,43 @@ def direct_vllm(champion, params) -> Iterator[Callable[[int, str], None]]:
 
 
 def run_engine(engine: str, champion, key: str, prompts: list[str], clients: list[int], per_client: int,
-               rounds: int, client: str = "lean") -> list[Arm]:
-    """Every arm at each client count, in turn, ``rounds`` times or more (the machine's speed drifts)."""
+               rounds: int, client: str = "lean", harvest: bool = True) -> tuple[list[Arm], dict | None]:
+    """Every arm at each client count, in turn, ``rounds`` times or more (the machine's speed drifts); and what
+    the harvester did (None without the harvest arm)."""
     from rsi.mol.proxy import specialist_params
 
     params = specialist_params(champion.harness, None)
     baselines = ({"direct": direct_hf, "inprocess": partial(direct_hf, inprocess=True)} if engine == "hf"
                  else {"direct": direct_vllm})
-    arms = []
+    arms, harvester = [], None
     with ExitStack() as stack:
         senders = {name: stack.enter_context(make(champion, params)) for name, make in baselines.items()}
         url = stack.enter_context(proxy("hf" if engine == "hf" else "openai"))
-        stages: list[dict[str, float]] = []
-        senders["proxy"] = proxy_sender(url, key, max(clients), stages, client)
+        stages: dict[str, list[dict[str, float]]] = {"proxy": [], "proxy-harvest": []}
+        senders["proxy"] = proxy_sender(url, key, max(clients), stages["proxy"], client)
+        if harvest:
+            senders["proxy-harvest"] = proxy_sender(url, key, max(clients), stages["proxy-harvest"], client)
         for send in senders.values():  # warm-up: adapters loaded, first-call costs paid
             load(send, prompts, 4, 2)
+        report: dict = {}
+        if harvest:  # after the warm-up: it has turns to read
+            harvester = Harvester()
+            stack.callback(lambda: report.update(harvester.stop()))
         for n in clients:
             done: dict[str, list] = {name: [] for name in senders}
-            stages.clear()
+            for kept in stages.values():
+                kept.clear()
             # few clients run more rounds, not longer ones: the arms take turns every few seconds at most
             for _ in range(max(rounds, -(-MIN_REQUESTS // (n * per_client)))):
-                last = {name: measure(engine, name, send, prompts, n, per_client, done[name])
-                        for name, send in senders.items()}
-            last["proxy"].server_ms = {k: statistics.median(t[k] for t in stages) for k in stages[0]} if stages else {}
+                last = {}
+                for name, send in senders.items():
+                    with harvester.running() if name == "proxy-harvest" else nullcontext():
+                        last[name] = measure(engine, name, send, prompts, n, per_client, done[name])
+            for name, kept in stages.items():
+                if name in last and kept:
+                    last[name].server_ms = {k: statistics.median(t[k] for t in kept) for k in kept[0]}
             arms += last.values()
-    return arms
+    return arms, report if harvest else None
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -397,11 +465,11 @@ def ratios(arms: list[Arm]) -> list[dict]:
     by = {(a.engine, a.arm, a.clients): a for a in arms}
     out = []
     for (engine, arm, n), p in by.items():
-        if arm != "proxy":
+        if not arm.startswith("proxy"):
             continue
-        for d in (a for a in arms if a.engine == engine and a.clients == n and a.arm != "proxy"):
+        for d in (a for a in arms if a.engine == engine and a.clients == n and not a.arm.startswith("proxy")):
             paired = statistics.median(x / y for x, y in zip(p.round_p50_ms, d.round_p50_ms, strict=True))
-            out.append({"engine": engine, "clients": n, "baseline": d.arm, "p50": p.p50_ms / d.p50_ms,
+            out.append({"engine": engine, "clients": n, "arm": arm, "baseline": d.arm, "p50": p.p50_ms / d.p50_ms,
                         "p50_paired": paired, "p99": p.p99_ms / d.p99_ms,
                         "requests_per_s": p.requests_per_s / d.requests_per_s, "proxy_errors": p.errors})
     return out
@@ -417,16 +485,17 @@ def print_table(arms: list[Arm], rows: list[dict]) -> None:
     stages = [a for a in arms if a.server_ms]
     if stages:
         names = list(stages[0].server_ms)
-        print("| engine | clients | " + " | ".join(f"{n} ms (p50)" for n in names) + " |")
-        print("|---|---:|" + "---:|" * len(names))
+        print("| engine | clients | arm | " + " | ".join(f"{n} ms (p50)" for n in names) + " |")
+        print("|---|---:|---|" + "---:|" * len(names))
         for a in stages:
-            print(f"| {a.engine} | {a.clients} | " + " | ".join(f"{a.server_ms[n]:.2f}" for n in names) + " |")
+            print(f"| {a.engine} | {a.clients} | {a.arm} | " + " | ".join(f"{a.server_ms[n]:.2f}" for n in names)
+                  + " |")
         print()
-    print("| engine | clients | proxy over | p50 | p50 paired | p99 | req/s |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    print("| engine | clients | arm | over | p50 | p50 paired | p99 | req/s |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['engine']} | {r['clients']} | {r['baseline']} | {r['p50']:.2f}x | {r['p50_paired']:.2f}x "
-              f"| {r['p99']:.2f}x | {r['requests_per_s']:.2f}x |")
+        print(f"| {r['engine']} | {r['clients']} | {r['arm']} | {r['baseline']} | {r['p50']:.2f}x "
+              f"| {r['p50_paired']:.2f}x | {r['p99']:.2f}x | {r['requests_per_s']:.2f}x |")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -439,8 +508,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--level", type=int, default=4, help="addition level of the questions")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean",
                         help="the load generator's HTTP client (proxy arm)")
+    parser.add_argument("--no-harvest", dest="harvest", action="store_false",
+                        help="leave out the proxy-harvest arm")
+    parser.add_argument("--harvester", action="store_true", help=argparse.SUPPRESS)  # the bench's own child
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.harvester:
+        harvester()
+        return {}
 
     from rsi.mol.state import revoke_key
 
@@ -448,10 +523,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     store, champion, key_name, key = prepare()
     prompts = questions(champion, args.level, max(max(clients) * args.per_client, 64))
     arms: list[Arm] = []
+    harvested = {}
     try:
         for engine in args.engines.split(","):
-            arms += run_engine(engine.strip(), champion, key, prompts, clients, args.per_client, args.rounds,
-                               args.client)
+            got, harvested[engine.strip()] = run_engine(engine.strip(), champion, key, prompts, clients,
+                                                        args.per_client, args.rounds, args.client, args.harvest)
+            arms += got
     finally:
         revoke_key(store, key_name)
     rows = ratios(arms)
@@ -463,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "level": args.level, "per_client": args.per_client, "rounds": args.rounds, "client": args.client,
         "arms": [asdict(a) | {"requests_per_s": a.requests_per_s} for a in arms],
         "proxy_over": rows,
+        "harvester": harvested,  # per engine: its passes, the turns they read, its seconds running (None: no arm)
         "machine": machine_info(None),
     }
     write_result(args.out, report, run_config(args))
