@@ -355,6 +355,29 @@ def programs_base(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serve(result: dict[str, Any]) -> str:
+    """Latency through the proxy against the engine alone, per client count; the harvest beside it."""
+    spec = result["specialist"]
+    lines = [f"Specialist `{spec['name']}` (generation {spec['generation']}, harness `{spec['harness']}`), addition "
+             f"questions of level {result['level']} through `rsi/auto`, greedy; each client {result['per_client']} "
+             f"requests a round, the arms taking turns, at least {result['rounds']} rounds.", "",
+             "| engine | clients | arm | requests | errors | p50 ms | p99 ms | req/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for a in result["arms"]:
+        lines.append(f"| {a['engine']} | {a['clients']} | {a['arm']} | {a['requests']} | {a['errors']} | "
+                     f"{a['p50_ms']:.1f} | {a['p99_ms']:.1f} | {a['requests_per_s']:.1f} |")
+    lines += ["", "| engine | clients | arm | over | p50 | p50 paired | p99 | req/s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in result["proxy_over"]:
+        lines.append(f"| {r['engine']} | {r['clients']} | {r.get('arm', 'proxy')} | {r['baseline']} | {r['p50']:.2f}x "
+                     f"| {r['p50_paired']:.2f}x | {r['p99']:.2f}x | {r['requests_per_s']:.2f}x |")
+    for engine, h in (result.get("harvester") or {}).items():
+        if h:
+            lines += ["", f"The harvester ({engine}): {h['passes']} passes over the stored turns, {h['turns_read']:,} "
+                      f"turns read, in its {h['seconds_running']:.0f} s running (during `proxy-harvest` only)."]
+    return "\n".join(lines) + "\n"
+
+
 def _change(field: str, before_after: list[Any]) -> str:
     if field.startswith("templates/"):
         return f"`{field}` `{_cell(before_after[0])}` → `{_cell(before_after[1])}`"
@@ -386,7 +409,7 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "parity": ("bench/parity.py", parity),
     "cycle": ("bench/cycle.py", cycle),
     "smollm2": ("bench/smollm2.py", smollm2),
-    "serve": ("bench/serve.py", None),
+    "serve": ("bench/serve.py", serve),
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
     "traffic": ("bench/traffic.py", traffic),
