@@ -121,13 +121,42 @@ def test_the_worked_harness_teaches_the_run_and_reads_its_output() -> None:
     assert not parse_worked_integer("5 3 add | 8 add").ok and not parse_worked_integer("5 3 add |").ok
 
 
+def test_the_verified_harness_passes_the_run_and_no_other_reply_ending_on_the_output() -> None:
+    """programs/v3: the same prompt and run as v2, but the answer is the whole run: a reply whose states go wrong
+    and whose last value is the output by chance passes v2 and fails v3 (answer_correct); the run passes both."""
+    from rsi.audit import audit
+    from rsi.backends.base import SamplingParams
+    from rsi.pair import Responder
+
+    from .fakes import FakeModel
+
+    v2, v3, family = load_harness("programs/v2"), load_harness("programs/v3"), get_family("programs")
+    assert v3.prompt_messages({"program": "x 3 add", "input": 5}) == v2.prompt_messages({"program": "x 3 add",
+                                                                                           "input": 5})
+    for level in (1, 3, 8):
+        task = family.tasks("test", 0, level, 1)[0]
+        run = demonstration(v3, family, task).messages[1].content
+        assert run == programs.worked(task.payload)
+        states = run.split(" | ")
+        lucky = " | ".join([states[0], "0 1 add", states[-1]])  # a state no step of the run writes
+        assert lucky != run and lucky.endswith(str(task.answer))
+        for harness, verdicts in ((v2, [[], []]), (v3, [[], ["answer_correct"]])):
+            pair = Responder(harness, FakeModel(lambda p, k: [run, lucky][k]), "pair", family=family)
+            replies = pair.episodes([task], SamplingParams(n=2, max_new_tokens=640, temperature=1.0))
+            failed = [audit(r, task, harness, family).failed_rules() for r in replies]
+            assert failed == verdicts, harness.document.version
+    task = family.tasks("test", 0, 2, 1)[0]
+    assert not family.verify(task, "x jmp:-1") and not family.verify(task, str(task.answer))
+    assert family.verify(task, task.answer) and family.verify(task, programs.worked(task.payload))
+
+
 def test_rsi_run_programs_starts_under_the_harness_its_base_learned() -> None:
-    """The programs profile names programs/v1 (its base learned v1's answers); programs/v2 is shipped too and is
-    the family's newest, so a run that took the newest would score the base under a format it never saw. A
+    """The programs profile names programs/v1 (its base learned v1's answers); programs/v2 and v3 are shipped too,
+    v3 the family's newest, so a run that took the newest would score the base under a format it never saw. A
     harness named on the command line wins; a family whose profile names none starts under its newest."""
     from rsi.run import latest_harness, load_config, starting_harness
 
-    assert latest_harness("programs") == "harness_versions/programs/v2"
+    assert latest_harness("programs") == "harness_versions/programs/v3"
     assert starting_harness("programs") is None
     assert load_config("programs", harness=starting_harness("programs")).harness.endswith("programs/v1")
     assert starting_harness("programs", harness="programs/v2") == "programs/v2"
