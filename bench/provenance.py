@@ -58,13 +58,22 @@ SERVING = ("rsi/mol",)
 
 
 def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = (),
-                  serving: bool = True) -> list[str] | None:
+                  serving: bool = True, families: tuple[str, ...] | None = None) -> list[str] | None:
     """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on; without
-    ``serving``, not the serving layer) that differ between ``commit`` and the working tree, or None where
-    ``commit`` is not in ``root``'s history (a shallow clone, or another repository)."""
+    ``serving``, not the serving layer; with ``families``, of the family modules in ``task_generators`` only
+    those named) that differ between ``commit`` and the working tree, or None where ``commit`` is not in
+    ``root``'s history (a shallow clone, or another repository).
+
+    A run loads a family's module when it first asks for that family (``rsi.plugins``: entry points, loaded by
+    name), so a result of addition lineages never imports ``task_generators/programs.py``
+    (``tests/test_bench_provenance.py`` traces the imports of ``rsi run`` and ``rsi eval``): ``families`` names
+    the modules a result's runs load, and a change to another family's module leaves it current."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
     excluded = () if serving else tuple(f":(exclude){path}" for path in SERVING)
+    if families is not None:
+        others = sorted({p.stem for p in (root / "task_generators").glob("*.py")} - {"__init__", *families})
+        excluded += tuple(f":(exclude)task_generators/{stem}.py" for stem in others)
     out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script, *also, *excluded)
     return None if out is None else out.split()
 

@@ -416,6 +416,14 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "traffic_generation": ("bench/traffic_generation.py", traffic_generation),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
+# the family modules (task_generators/<name>.py) each result's runs load; a result not named here: every one
+FAMILIES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "generation", "parity", "cycle",
+                     "smollm2"), ("addition",)),
+    "ablation-sorting": ("sorting",),
+    **dict.fromkeys(("harness_repair", "episodes", "serve", "serve-session", "serve-session-joint", "traffic",
+                     "traffic_generation"), ("addition", "sorting")),
+}
 # results that measure the serving layer (SERVING)
 SERVES = {"serve", "serve-session", "serve-session-joint", "traffic", "traffic_generation"}
 
@@ -432,7 +440,8 @@ def staleness(name: str, root: Path = REPO) -> str | None:
         return f"`bench/results/{name}.json` records no commit (made before results recorded theirs)"
     if not prov.get("clean"):
         return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
-    changed = changed_since(commit, script, root, ALSO.get(name, ()), serving=name in SERVES)
+    changed = changed_since(commit, script, root, ALSO.get(name, ()), serving=name in SERVES,
+                            families=FAMILIES.get(name))
     if changed is None:
         return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
     if changed:

@@ -115,10 +115,40 @@ def test_a_result_of_a_lineage_goes_stale_by_its_code_not_by_the_serving_layer(r
     assert changed_since(first, "bench/x.py", repo, serving=False) == ["rsi/core.py"]
 
 
+def test_a_result_goes_stale_by_the_family_modules_its_runs_load(repo: Path):
+    from bench.provenance import changed_since
+
+    (repo / "task_generators").mkdir()
+    for name in ("__init__", "addition", "programs"):
+        (repo / f"task_generators/{name}.py").write_text("0\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "families")
+    first = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "task_generators/programs.py").write_text("1\n")
+    assert changed_since(first, "bench/x.py", repo, families=("addition",)) == []
+    assert changed_since(first, "bench/x.py", repo) == ["task_generators/programs.py"]  # no families: every one
+    assert changed_since(first, "bench/x.py", repo, families=("addition", "programs")) == [
+        "task_generators/programs.py"]
+    for name in ("addition", "__init__"):  # the family's own module, and what every family's import runs
+        (repo / f"task_generators/{name}.py").write_text("1\n")
+        assert f"task_generators/{name}.py" in changed_since(first, "bench/x.py", repo, families=("addition",))
+
+
+# runs ``python -m rsi ARGS`` and writes, at exit, every module the process loaded (Python's import trace, -X
+# importtime, misses modules loaded through importlib: the entry points plugins load, families among them)
+LOADED = ("import atexit, runpy, sys\n"
+          "out = sys.argv.pop(1)\n"
+          "atexit.register(lambda: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+          "sys.argv[0] = 'rsi'\n"
+          "runpy.run_module('rsi', run_name='__main__', alter_sys=True)\n")
+
+
 @pytest.mark.slow
-def test_a_lineage_run_and_its_evaluation_never_import_the_serving_layer(tiny_base, rsi_home):
-    """What lets a lineage's result ignore changes to the serving layer (``bench.provenance.SERVING``): ``rsi run``
-    and ``rsi eval`` (their processes, with Python's import trace on) import no module under it."""
+def test_a_lineage_run_and_its_evaluation_load_no_serving_layer_and_no_other_family(tiny_base, rsi_home, tmp_path):
+    """What lets a lineage's result ignore changes to the serving layer (``bench.provenance.SERVING``) and to the
+    modules of families it does not run (``changed_since``'s ``families``): ``rsi run`` and ``rsi eval`` of an
+    addition lineage load no module under the serving layer, and of ``rsi.task_generators`` only the package and
+    addition's module (the modules in ``sys.modules`` when each process exits)."""
     import os
     import sys
 
@@ -127,15 +157,16 @@ def test_a_lineage_run_and_its_evaluation_never_import_the_serving_layer(tiny_ba
     from .test_cycle import seed_home
 
     seed_home(rsi_home, tiny_base)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
-        "RSI_HOME": str(rsi_home), "PYTHONPROFILEIMPORTTIME": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {"RSI_HOME": str(rsi_home)}
     serving = tuple(path.replace("/", ".") for path in SERVING)
-    for command in (["run", "addition", "--profile", "tiny", "--generations", "1"],
-                    ["eval", "--profile", "tiny", "--levels", "1-2", "--n", "8"]):
-        done = subprocess.run([sys.executable, "-m", "rsi", *command], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=900)
+    for k, command in enumerate((["run", "addition", "--profile", "tiny", "--generations", "1"],
+                                 ["eval", "--profile", "tiny", "--levels", "1-2", "--n", "8"])):
+        out = tmp_path / f"modules-{k}.txt"
+        done = subprocess.run([sys.executable, "-c", LOADED, str(out), *command], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
-                    if line.startswith("import time:") and "|" in line}
-        assert "rsi.evaluate" in imported  # the trace is there
-        assert not [m for m in imported if m.startswith(serving)], sorted(m for m in imported if m.startswith(serving))
+        loaded = set(out.read_text().split())
+        assert "rsi.evaluate" in loaded  # the list is there
+        assert not [m for m in loaded if m.startswith(serving)], sorted(m for m in loaded if m.startswith(serving))
+        families = sorted(m for m in loaded if m.startswith("rsi.task_generators"))
+        assert families == ["rsi.task_generators", "rsi.task_generators.addition"], families
