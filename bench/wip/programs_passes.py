@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
 
 
 def main() -> None:
@@ -67,8 +68,7 @@ def main() -> None:
     finally:
         backend.close()
     if args.out:
-        args.out.write_text(json.dumps({"base": str(args.base), "args": vars(args) | {"base": str(args.base),
-                                        "out": str(args.out)}, "levels": rows}, indent=2))
+        write_result(args.out, {"base": str(args.base), "levels": rows}, run_config(args))
 
 
 if __name__ == "__main__":
