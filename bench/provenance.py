@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,12 @@ MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result me
 SERVING = ("rsi/mol",)
 
 
+PROFILES_FILE = "rsi/run/profiles.toml"
+
+
 def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = (),
-                  serving: bool = True, families: tuple[str, ...] | None = None) -> list[str] | None:
+                  serving: bool = True, families: tuple[str, ...] | None = None,
+                  profiles: tuple[str, ...] | None = None) -> list[str] | None:
     """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on; without
     ``serving``, not the serving layer; with ``families``, of the family modules in ``task_generators`` only
     those named) that differ between ``commit`` and the working tree, or None where ``commit`` is not in
@@ -67,7 +72,10 @@ def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, 
     A run loads a family's module when it first asks for that family (``rsi.plugins``: entry points, loaded by
     name), so a result of addition lineages never imports ``task_generators/programs.py``
     (``tests/test_bench_provenance.py`` traces the imports of ``rsi run`` and ``rsi eval``): ``families`` names
-    the modules a result's runs load, and a change to another family's module leaves it current."""
+    the modules a result's runs load, and a change to another family's module leaves it current. Likewise
+    ``profiles``: the profiles a result's runs use; ``PROFILES_FILE`` counts as changed only where one of them
+    reads otherwise (its table, after ``extends``, as ``rsi.run.config`` resolves it), so an edit of another
+    profile, or of a comment, leaves it current."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
     excluded = () if serving else tuple(f":(exclude){path}" for path in SERVING)
@@ -75,7 +83,27 @@ def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, 
         others = sorted({p.stem for p in (root / "task_generators").glob("*.py")} - {"__init__", *families})
         excluded += tuple(f":(exclude)task_generators/{stem}.py" for stem in others)
     out = _git(root, "diff", "--name-only", commit, "--", *MEASURED, script, *also, *excluded)
-    return None if out is None else out.split()
+    if out is None:
+        return None
+    changed = out.split()
+    if profiles is not None and PROFILES_FILE in changed:
+        then, now = _git(root, "show", f"{commit}:{PROFILES_FILE}"), (root / PROFILES_FILE).read_text()
+        if then is not None and all(_profile(then, p) == _profile(now, p) for p in profiles):
+            changed.remove(PROFILES_FILE)
+    return changed
+
+
+def _profile(text: str, name: str) -> dict | None:
+    """Profile ``name`` of a profiles.toml's ``text``, its ``extends`` resolved as ``rsi.run.config`` resolves it
+    (the other's tables, replaced key by key at the top level); None where it has none, or the text does not parse."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+    spec = raw.get(name)
+    if not isinstance(spec, dict) or "extends" not in spec:
+        return spec
+    return {**raw.get(spec["extends"], {}), **{k: v for k, v in spec.items() if k != "extends"}}
 
 
 def run_config(args: argparse.Namespace, **more: Any) -> dict:

@@ -424,6 +424,16 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("harness_repair", "episodes", "serve", "serve-session", "serve-session-joint", "traffic",
                      "traffic_generation"), ("addition", "sorting")),
 }
+# the profiles (rsi/run/profiles.toml) each result's runs use; a result not named here: the whole file
+PROFILES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "cycle"), ("demo",)),
+    **dict.fromkeys(("ablation-sorting", "episodes"), ("sorting",)),
+    **dict.fromkeys(("harness_repair", "serve", "serve-session", "traffic"), ("demo", "sorting")),
+    **dict.fromkeys(("selfplay", "programs-base"), ("programs",)),
+    "smollm2": ("smollm2",),
+    "serve-session-joint": ("mol-addition", "mol-sorting"),
+    "traffic_generation": ("sorting", "mol-sorting"),
+}
 # results that measure the serving layer (SERVING)
 SERVES = {"serve", "serve-session", "serve-session-joint", "traffic", "traffic_generation"}
 
@@ -441,7 +451,7 @@ def staleness(name: str, root: Path = REPO) -> str | None:
     if not prov.get("clean"):
         return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
     changed = changed_since(commit, script, root, ALSO.get(name, ()), serving=name in SERVES,
-                            families=FAMILIES.get(name))
+                            families=FAMILIES.get(name), profiles=PROFILES.get(name))
     if changed is None:
         return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
     if changed:

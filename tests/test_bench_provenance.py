@@ -134,6 +134,28 @@ def test_a_result_goes_stale_by_the_family_modules_its_runs_load(repo: Path):
         assert f"task_generators/{name}.py" in changed_since(first, "bench/x.py", repo, families=("addition",))
 
 
+def test_a_result_goes_stale_by_the_profiles_its_runs_use(repo: Path):
+    from bench.provenance import PROFILES_FILE, changed_since
+
+    profiles = repo / PROFILES_FILE
+    profiles.parent.mkdir(parents=True, exist_ok=True)
+    profiles.write_text('[a]\nsteps = 1\n\n[b]\nextends = "a"\nseed = 2\n\n[c]\nsteps = 3\n')
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "profiles")
+    first = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+    def stale(text: str, *names: str) -> bool:
+        profiles.write_text(text)
+        return changed_since(first, "bench/x.py", repo, profiles=names or None) == [PROFILES_FILE]
+
+    other = '# a comment\n[a]\nsteps = 1\n\n[b]\nextends = "a"\nseed = 2\n\n[c]\nsteps = 4\n'
+    assert not stale(other, "a", "b") and stale(other, "c") and stale(other)  # no profiles named: the whole file
+    inherited = '[a]\nsteps = 5\n\n[b]\nextends = "a"\nseed = 2\n\n[c]\nsteps = 3\n'
+    assert stale(inherited, "b") and not stale(inherited, "c")  # b extends a: a's change is b's
+    assert stale('[a]\nsteps = 1\n\n[b]\nseed = 2\n\n[c]\nsteps = 3\n', "b")  # b no longer extends a
+    assert stale("[a\n", "c")  # a file that does not parse counts as changed
+
+
 # runs ``python -m rsi ARGS`` and writes, at exit, every module the process loaded (Python's import trace, -X
 # importtime, misses modules loaded through importlib: the entry points plugins load, families among them)
 LOADED = ("import atexit, runpy, sys\n"
