@@ -1,0 +1,80 @@
+"""Research: where does a programs candidate lose a level its parent had? Greedy runs of the base and of base +
+adapter on ``--n`` test tasks of ``--level``; per task lost (right before, wrong after), the first state of the
+run (``programs.worked``) that differs and whether the run's length changed; the first few printed whole.
+
+    .venv/bin/python bench/wip/programs_forgetting.py --base DIR --adapter DIR [--level 2] [--n 256] [--out F]
+
+(The 2026-12-07 note: v3lr's generation 1 adapter on its base, level 2: every task lost is lost in its last state,
+the arithmetic of the final operation, e.g. '14 7 mul' -> 112.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.provenance import run_config, write_result  # noqa: E402 (after the path it needs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", type=Path, required=True)
+    parser.add_argument("--adapter", type=Path, required=True)
+    parser.add_argument("--level", type=int, default=2)
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--show", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    for name, path, file in (("--base", args.base, "config.json"), ("--adapter", args.adapter, "adapter_config.json")):
+        if not (path / file).exists():
+            raise SystemExit(f"{name} {path}: no {file} there; pass a built base and a lineage's adapter folder")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rsi.basemodel import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+    from rsi.task_generators import programs
+    from rsi.tasks import get_family
+
+    tok, tasks = build_tokenizer(), get_family("programs").tasks("test", 3, args.level, args.n)
+
+    @torch.no_grad()
+    def runs(model) -> list[str]:
+        out = []
+        for i in range(0, len(tasks), 64):
+            ids = [[BOS_ID] + tok.encode(f"{t.payload['program']} ; x={t.payload['input']} =", add_special_tokens=False)
+                   for t in tasks[i:i + 64]]
+            width = max(map(len, ids))
+            x = torch.tensor([[PAD_ID] * (width - len(s)) + s for s in ids])
+            y = model.generate(input_ids=x, attention_mask=(x != PAD_ID).long(), max_new_tokens=400, do_sample=False,
+                               eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+            out += [tok.decode([c for c in row[width:].tolist() if c not in (EOS_ID, PAD_ID)]) for row in y]
+        return out
+
+    before = runs(AutoModelForCausalLM.from_pretrained(args.base).eval())
+    after = runs(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(args.base), args.adapter).eval())
+    where: Counter = Counter()
+    shown = 0
+    for task, old, new in zip(tasks, before, after):
+        want = programs.worked(task.payload)
+        if old == want and new != want:
+            states, got = want.split(" | "), new.split(" | ")
+            first = next((k for k, (a, b) in enumerate(zip(states, got)) if a != b), min(len(states), len(got)))
+            where[f"state {first} of {len(states)}, length {len(got) - len(states):+d}"] += 1
+            if shown < args.show:
+                print(f"{task.payload}\n  want {want}\n  got  {new}")
+                shown += 1
+    right = [sum(run == programs.worked(t.payload) for t, run in zip(tasks, side)) for side in (before, after)]
+    lost = sum(a == programs.worked(t.payload) != b for t, a, b in zip(tasks, before, after))
+    print(f"level {args.level}: base {right[0]}/{len(tasks)}, candidate {right[1]}/{len(tasks)}, lost {lost}: "
+          f"{dict(where)}")
+    if args.out:
+        write_result(args.out, {"right": right, "lost": lost, "where": dict(where)}, run_config(args))
+
+
+if __name__ == "__main__":
+    main()
