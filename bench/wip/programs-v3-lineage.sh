@@ -6,7 +6,8 @@
 # The session note of 2026-12-07's runs, RSI_HOME=/tmp/e27/home3 (one base, built by the first):
 #   v3l3:  generator v3l3 1 --set 'base_recipe.train_levels=[1,2,3]' --set 'base_recipe.level_weights=[1.0,2.0,0.25]'
 #   v3lr:  the same, lineage v3lr, --set train.lr=3e-4
-#   v3rep: the same as v3lr, lineage v3rep, 2 generations, --set replay_tasks_per_level=512
+#   v3rep: the same as v3lr, lineage v3rep, --set replay_tasks_per_level=512 (each run stopped after generation 1)
+#   v3lr4: the same as v3l3, lineage v3lr4, 1 generation, --set train.lr=1e-4 (promoted)
 cd "$(dirname "$0")/../.."
 proposer=$1 lineage=$2 generations=$3; shift 3
 /usr/bin/time -f "%U user %S sys %e wall" .venv/bin/rsi run programs --proposer "$proposer" --lineage "$lineage" \
