@@ -7,7 +7,8 @@
 #   v3l3:  generator v3l3 1 --set 'base_recipe.train_levels=[1,2,3]' --set 'base_recipe.level_weights=[1.0,2.0,0.25]'
 #   v3lr:  the same, lineage v3lr, --set train.lr=3e-4
 #   v3rep: the same as v3lr, lineage v3rep, --set replay_tasks_per_level=512 (each run stopped after generation 1)
-#   v3lr4: the same as v3l3, lineage v3lr4, 1 generation, --set train.lr=1e-4 (promoted)
+#   v3lr4: the same as v3l3, lineage v3lr4, --set train.lr=1e-4 (promoted; run again: its generation 2)
+#   v3ff:  the same as v3lr4, lineage v3ff, --set train.frontier_fraction=0.25
 cd "$(dirname "$0")/../.."
 proposer=$1 lineage=$2 generations=$3; shift 3
 /usr/bin/time -f "%U user %S sys %e wall" .venv/bin/rsi run programs --proposer "$proposer" --lineage "$lineage" \
