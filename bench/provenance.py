@@ -71,11 +71,11 @@ def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, 
 
     A run loads a family's module when it first asks for that family (``rsi.plugins``: entry points, loaded by
     name), so a result of addition lineages never imports ``task_generators/programs.py``
-    (``tests/test_bench_provenance.py`` traces the imports of ``rsi run`` and ``rsi eval``): ``families`` names
-    the modules a result's runs load, and a change to another family's module leaves it current. Likewise
-    ``profiles``: the profiles a result's runs use; ``PROFILES_FILE`` counts as changed only where one of them
-    reads otherwise (its table, after ``extends``, as ``rsi.run.config`` resolves it), so an edit of another
-    profile, or of a comment, leaves it current."""
+    (``tests/test_bench_provenance.py`` lists the modules ``rsi run`` and ``rsi eval`` hold when they exit):
+    ``families`` names the modules a result's runs load, and a change to another family's module leaves it
+    current. Likewise ``profiles``: the profiles a result's runs use; ``PROFILES_FILE`` counts as changed only
+    where one of them reads otherwise (its table, after ``extends``, as ``rsi.run.config`` resolves it), so an
+    edit of another profile, or of a comment, leaves it current."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
     excluded = () if serving else tuple(f":(exclude){path}" for path in SERVING)

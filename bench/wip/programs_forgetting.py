@@ -32,31 +32,24 @@ def main() -> None:
     for name, path, file in (("--base", args.base, "config.json"), ("--adapter", args.adapter, "adapter_config.json")):
         if not (path / file).exists():
             raise SystemExit(f"{name} {path}: no {file} there; pass a built base and a lineage's adapter folder")
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from rsi.basemodel import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+    from rsi.backends.base import SamplingParams
+    from rsi.backends.hf import HFBackend
+    from rsi.hcp import load_harness
+    from rsi.pair import Responder
     from rsi.task_generators import programs
     from rsi.tasks import get_family
 
-    tok, tasks = build_tokenizer(), get_family("programs").tasks("test", 3, args.level, args.n)
+    family, harness = get_family("programs"), load_harness("programs/v3")
+    tasks = family.tasks("test", 3, args.level, args.n)
+    greedy = SamplingParams(max_new_tokens=harness.document.decoding.max_new_tokens)
+    backend = HFBackend(args.base)
+    def runs(adapter: Path | None) -> list[str]:  # as the cycle samples them: the harness's prompt, greedy
+        return [t.completion for t in Responder(harness, backend, "probe", adapter, family).episodes(tasks, greedy)]
 
-    @torch.no_grad()
-    def runs(model) -> list[str]:
-        out = []
-        for i in range(0, len(tasks), 64):
-            ids = [[BOS_ID] + tok.encode(f"{t.payload['program']} ; x={t.payload['input']} =", add_special_tokens=False)
-                   for t in tasks[i:i + 64]]
-            width = max(map(len, ids))
-            x = torch.tensor([[PAD_ID] * (width - len(s)) + s for s in ids])
-            y = model.generate(input_ids=x, attention_mask=(x != PAD_ID).long(), max_new_tokens=400, do_sample=False,
-                               eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-            out += [tok.decode([c for c in row[width:].tolist() if c not in (EOS_ID, PAD_ID)]) for row in y]
-        return out
-
-    before = runs(AutoModelForCausalLM.from_pretrained(args.base).eval())
-    after = runs(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(args.base), args.adapter).eval())
+    try:
+        before, after = runs(None), runs(args.adapter)
+    finally:
+        backend.close()
     where: Counter = Counter()
     shown = 0
     for task, old, new in zip(tasks, before, after):
