@@ -1,11 +1,13 @@
 """Research: where does a programs candidate lose a level its parent had? Greedy runs of the base and of base +
 adapter on ``--n`` test tasks of ``--level``; per task lost (right before, wrong after), the first state of the
 run (``programs.worked``) that differs and whether the run's length changed; the first few printed whole.
+Without ``--adapter``: where the base's own runs go wrong (against the right runs).
 
-    .venv/bin/python bench/wip/programs_forgetting.py --base DIR --adapter DIR [--level 2] [--n 256] [--out F]
+    .venv/bin/python bench/wip/programs_forgetting.py --base DIR [--adapter DIR] [--level 2] [--n 256] [--out F]
 
 (The 2026-12-07 note: v3lr's generation 1 adapter on its base, level 2: every task lost is lost in its last state,
-the arithmetic of the final operation, e.g. '14 7 mul' -> 112.)
+the arithmetic of the final operation, e.g. '14 7 mul' -> 112. The v2 base of ``programs_rank.py`` alone at level
+3: every run it gets wrong goes wrong in state 0, the program copied with the input in place of x.)
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from bench.provenance import run_config, write_result  # noqa: E402 (after the p
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, required=True)
-    parser.add_argument("--adapter", type=Path, required=True)
+    parser.add_argument("--adapter", type=Path)
     parser.add_argument("--level", type=int, default=2)
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--show", type=int, default=8)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     for name, path, file in (("--base", args.base, "config.json"), ("--adapter", args.adapter, "adapter_config.json")):
-        if not (path / file).exists():
+        if path is not None and not (path / file).exists():
             raise SystemExit(f"{name} {path}: no {file} there; pass a built base and a lineage's adapter folder")
     from rsi.backends.base import SamplingParams
     from rsi.backends.hf import HFBackend
@@ -47,7 +49,10 @@ def main() -> None:
         return [t.completion for t in Responder(harness, backend, "probe", adapter, family).episodes(tasks, greedy)]
 
     try:
-        before, after = runs(None), runs(args.adapter)
+        if args.adapter is None:  # the base against the right runs
+            before, after = [programs.worked(t.payload) for t in tasks], runs(None)
+        else:
+            before, after = runs(None), runs(args.adapter)
     finally:
         backend.close()
     where: Counter = Counter()
@@ -63,7 +68,8 @@ def main() -> None:
                 shown += 1
     right = [sum(run == programs.worked(t.payload) for t, run in zip(tasks, side)) for side in (before, after)]
     lost = sum(a == programs.worked(t.payload) != b for t, a, b in zip(tasks, before, after))
-    print(f"level {args.level}: base {right[0]}/{len(tasks)}, candidate {right[1]}/{len(tasks)}, lost {lost}: "
+    names = ("base", "candidate") if args.adapter else ("right runs", "base")
+    print(f"level {args.level}: {names[0]} {right[0]}/{len(tasks)}, {names[1]} {right[1]}/{len(tasks)}, lost {lost}: "
           f"{dict(where)}")
     if args.out:
         write_result(args.out, {"right": right, "lost": lost, "where": dict(where)}, run_config(args))
