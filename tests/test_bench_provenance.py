@@ -115,6 +115,18 @@ def test_a_result_of_a_lineage_goes_stale_by_its_code_not_by_the_serving_layer(r
     assert changed_since(first, "bench/x.py", repo, serving=False) == ["rsi/core.py"]
 
 
+def test_code_no_run_loads_leaves_every_result_current_but_one_that_names_it(repo: Path):
+    from bench.provenance import OUTSIDE, changed_since
+
+    (repo / OUTSIDE[0]).write_text("0\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "outside")
+    first = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / OUTSIDE[0]).write_text("1\n")
+    assert changed_since(first, "bench/x.py", repo) == []
+    assert changed_since(first, "bench/x.py", repo, also=(OUTSIDE[0],)) == [OUTSIDE[0]]
+
+
 def test_a_result_goes_stale_by_the_family_modules_its_runs_load(repo: Path):
     from bench.provenance import changed_since
 
@@ -156,6 +168,27 @@ def test_a_result_goes_stale_by_the_profiles_its_runs_use(repo: Path):
     assert stale("[a\n", "c")  # a file that does not parse counts as changed
 
 
+def test_a_result_goes_stale_by_the_make_rules_it_runs(repo: Path):
+    from bench.provenance import MAKEFILE, changed_since
+
+    makefile = repo / MAKEFILE
+    rules = "V ?= 1\n\n.PHONY: a\na: b\n\techo a\n\n# b's comment\nb:\n\techo b\n"
+    makefile.write_text(rules)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "make")
+    first = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+    def stale(text: str, *targets: str) -> bool:
+        makefile.write_text(text)
+        return changed_since(first, "bench/x.py", repo, also=(MAKEFILE,), make_targets=targets or None) == [MAKEFILE]
+
+    other = rules + "\n.PHONY: c\nc: X ?= 2\nc: a\n\techo $(X)\n"  # a rule of its own, with its variable
+    assert not stale(other, "a") and stale(other, "c") and stale(other)  # no targets named: the whole file
+    assert stale(rules.replace("echo b", "echo B"), "a", "b") and not stale(rules.replace("echo b", "echo B"), "a")
+    assert stale(rules.replace("V ?= 1", "V ?= 2"), "a")  # a variable outside any rule counts for every one
+    assert stale(rules.replace("\techo a", "\techo A"), "a")
+
+
 # runs ``python -m rsi ARGS`` and writes, at exit, every module the process loaded (Python's import trace, -X
 # importtime, misses modules loaded through importlib: the entry points plugins load, families among them)
 LOADED = ("import atexit, runpy, sys\n"
@@ -167,20 +200,21 @@ LOADED = ("import atexit, runpy, sys\n"
 
 @pytest.mark.slow
 def test_a_lineage_run_and_its_evaluation_load_no_serving_layer_and_no_other_family(tiny_base, rsi_home, tmp_path):
-    """What lets a lineage's result ignore changes to the serving layer (``bench.provenance.SERVING``) and to the
-    modules of families it does not run (``changed_since``'s ``families``): ``rsi run`` and ``rsi eval`` of an
-    addition lineage load no module under the serving layer, and of ``rsi.task_generators`` only the package and
-    addition's module (the modules in ``sys.modules`` when each process exits)."""
+    """What lets a lineage's result ignore changes to the serving layer (``bench.provenance.SERVING``), to code no
+    run loads (``OUTSIDE``) and to the modules of families it does not run (``changed_since``'s ``families``):
+    ``rsi run`` and ``rsi eval`` of an addition lineage load no module under the serving layer or outside, and of
+    ``rsi.task_generators`` only the package and addition's module (the modules in ``sys.modules`` when each
+    process exits)."""
     import os
     import sys
 
-    from bench.provenance import SERVING
+    from bench.provenance import OUTSIDE, SERVING
 
     from .test_cycle import seed_home
 
     seed_home(rsi_home, tiny_base)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {"RSI_HOME": str(rsi_home)}
-    serving = tuple(path.replace("/", ".") for path in SERVING)
+    serving = tuple(path.removesuffix(".py").replace("/", ".") for path in SERVING + OUTSIDE)
     for k, command in enumerate((["run", "addition", "--profile", "tiny", "--generations", "1"],
                                  ["eval", "--profile", "tiny", "--levels", "1-2", "--n", "8"])):
         out = tmp_path / f"modules-{k}.txt"
