@@ -486,7 +486,7 @@ def test_resolve_harness_by_directory_id_family_and_legacy_path(tmp_path: Path) 
     assert resolve_harness(copy) == copy.resolve() == resolve_harness(copy / "hcp.toml")
     assert resolve_harness("sorting") == shipped_harnesses() / "sorting/v2"
     shipped = (r"shipped: addition/smollm2-v1, addition/v1, addition/v2, program_proposals/v1, programs/v1, "
-               r"programs/v2, programs/v3, sorting/v1, sorting/v2\. Pass a harness directory")
+               r"programs/v2, programs/v3, sorting/smollm2-v1, sorting/v1, sorting/v2\. Pass a harness directory")
     for bad in ("addition/v9", "subtraction", str(tmp_path / "nowhere"), ""):
         with pytest.raises(UserError, match=shipped):
             resolve_harness(bad)
