@@ -414,18 +414,22 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "serve-session": ("bench/serve_session.py", None),
     "serve-session-joint": ("bench/serve_session.py", None),
     "traffic": ("bench/traffic.py", traffic),
+    "traffic-smollm2": ("bench/traffic.py", traffic),
     "traffic_generation": ("bench/traffic_generation.py", traffic_generation),
 }
-ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",)}  # what else a result depends on: make demo's recipe
+# what else a result depends on: make demo's recipe; the SmolLM2 sorting lineage's start adapter (rsi.starts) and
+# the make target that builds both SmolLM2 lineages
+ALSO: dict[str, tuple[str, ...]] = {"demo-addition": ("Makefile",), "traffic-smollm2": ("rsi/starts.py", "Makefile")}
 # the Makefile rules a result runs (its other rules' paragraphs do not count)
-MAKE_TARGETS: dict[str, tuple[str, ...]] = {"demo-addition": ("demo", "setup", "$(STAMP)")}
+MAKE_TARGETS: dict[str, tuple[str, ...]] = {"demo-addition": ("demo", "setup", "$(STAMP)"),
+                                            "traffic-smollm2": ("serve-smollm2", "setup", "$(STAMP)")}
 # the family modules (task_generators/<name>.py) each result's runs load; a result not named here: every one
 FAMILIES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("demo-addition", "ablation-addition", "train", "shards", "generation", "parity", "cycle",
                      "smollm2"), ("addition",)),
     "ablation-sorting": ("sorting",),
     **dict.fromkeys(("harness_repair", "episodes", "serve", "serve-session", "serve-session-joint", "traffic",
-                     "traffic_generation"), ("addition", "sorting")),
+                     "traffic-smollm2", "traffic_generation"), ("addition", "sorting")),
 }
 # the profiles (rsi/run/profiles.toml) each result's runs use; a result not named here: the whole file
 PROFILES: dict[str, tuple[str, ...]] = {
@@ -435,11 +439,12 @@ PROFILES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("harness_repair", "serve", "serve-session", "traffic"), ("demo", "sorting")),
     **dict.fromkeys(("selfplay", "programs-base"), ("programs",)),
     "smollm2": ("smollm2",),
+    "traffic-smollm2": ("smollm2", "smollm2-sorting"),
     "serve-session-joint": ("mol-addition", "mol-sorting"),
     "traffic_generation": ("sorting", "mol-sorting"),
 }
 # results that measure the serving layer (SERVING)
-SERVES = {"serve", "serve-session", "serve-session-joint", "traffic", "traffic_generation"}
+SERVES = {"serve", "serve-session", "serve-session-joint", "traffic", "traffic-smollm2", "traffic_generation"}
 
 
 def staleness(name: str, root: Path = REPO) -> str | None:
