@@ -67,4 +67,4 @@ test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .rsi .pytest_cache
+	rm -rf $(VENV) .rsi .rsi-smollm2 .pytest_cache
