@@ -902,9 +902,10 @@ def test_a_burst_of_first_requests_gets_the_whole_burst(db_url) -> None:
 
 
 def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None:
-    """A chat-mode specialist reads its own turns and, for each run of turns another specialist (or the base)
-    answered, one summary line before the next user message; never the other adapters' replies. No chat-mode
-    base is available here, so the backend is a fake that records what the specialist is shown."""
+    """A chat-mode specialist that a client drives with its own tools reads its own turns, led by its harness's
+    system prompt, and, for each run of turns another specialist (or the base) answered, one summary line before
+    the next user message; never the other adapters' replies. No chat-mode base is available here, so the
+    backend is a fake that records what the specialist is shown."""
     from rsi.hcp import load_harness
     from rsi.models import Message
     from rsi.mol.proxy import ChatRequest, ServeConfig, Service
@@ -915,8 +916,9 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
 
     service = Service(ServeConfig(), served, rsi_home)
     fake = service._backends[rsi_home / "fake-chat-base"] = FakeModel(lambda conversation, k: "fake reply")
+    harness = load_harness("harness_versions/sorting/smollm2-v1")
     chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
-                      load_harness("harness_versions/addition/smollm2-v1"), rsi_home / "fake-chat-base")
+                      harness, rsi_home / "fake-chat-base")
     turns = [("q1", "addition"), ("q2", "addition"), ("q3", "chatty"), ("q4", "base")]
     messages, specialists = [], []
     for question, who in turns:
@@ -925,12 +927,53 @@ def test_chat_specialist_sees_other_turns_as_a_summary(served, rsi_home) -> None
     messages.append(Message(role="user", content="q5"))
     specialists.append(None)
     route = Route(specialist="chatty", confidence=1.0, scores={}, router="override", reason="model name")
-    request = ChatRequest(model="rsi/chatty", messages=[m.model_dump() for m in messages])
+    request = ChatRequest(model="rsi/chatty", messages=[m.model_dump() for m in messages],
+                          tools=[{"type": "function", "function": schema["function"]}
+                                 for schema in harness.chat_tools])
     reply, finish, _, _ = service.answer(route, {"chatty": chatty}, messages, request, specialists)
     assert (reply.content, finish) == ("fake reply", "stop")
     assert [(m.role, m.content) for m in fake.prompts[0][0]] == [
+        ("system", harness.render("system_template", {})),
         ("user", "[earlier: addition answered 2 turns]\nq3"), ("assistant", "chatty says"),
         ("user", "[earlier: base answered 1 turn]\nq5")]
+
+
+def test_a_chat_specialist_answers_a_person_under_its_harness(served, rsi_home) -> None:
+    """A chat-mode specialist reads a person's message through its family's view as any specialist: its model is
+    shown the harness's prompt of the task (system prompt and user template), never the message as written, and
+    the person gets the answer the harness's parser reads from the reply, in plain words; a message no view
+    reads never reaches it (``rsi/auto``: the chat base answers; by name: a 400 ``no_task``). The backend is a
+    fake that records what it is sent and replies as the harness's format asks."""
+    from rsi.hcp import load_harness
+    from rsi.models import Message
+    from rsi.mol.proxy import ApiError, ChatRequest, ServeConfig, Service
+    from rsi.mol.registry import Champion, Specialist
+
+    from .fakes import FakeModel
+
+    service = Service(ServeConfig(), served, rsi_home)
+    fake = service._backends[rsi_home / "fake-chat-base"] = FakeModel(
+        lambda conversation, k: "The answer is 47." if conversation[0].role == "system" else "hello to you")
+    harness = load_harness("harness_versions/addition/smollm2-v1")
+    chatty = Champion(Specialist(name="chatty", lineage="chatty"), 1, "pair-fake", rsi_home / "fake-adapter",
+                      harness, rsi_home / "fake-chat-base")
+    champions = {"chatty": chatty}
+
+    def ask(text: str, model: str) -> Message:
+        messages = [Message(role="user", content=text)]
+        request = ChatRequest(model=model, messages=[m.model_dump() for m in messages])
+        route = service.choose(model, messages, [None], champions)
+        return service.answer(route, champions, messages, request, [None])[0]
+
+    assert ask("what is 12 plus 34?", "rsi/auto").content == "12 + 34 = 47"  # the model's sum, not the task's
+    assert [(m.role, m.content) for m in fake.prompts[-1][0]] == [
+        (role, content) for role, content in harness.prompt_messages({"a": 12, "b": 34})]
+    assert ask("how are you?", "rsi/auto").content == "hello to you"
+    assert [(m.role, m.content) for m in fake.prompts[-1][0]] == [("user", "how are you?")]
+    with pytest.raises(ApiError) as refused:
+        ask("how are you?", "rsi/chatty")
+    assert (refused.value.status, refused.value.code) == (400, "no_task")
+    assert fake.calls == 2
 
 
 def test_a_chat_base_answers_what_no_specialist_reads_through_its_chat_template(served, rsi_home) -> None:

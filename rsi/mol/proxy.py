@@ -318,11 +318,23 @@ def _arguments(call_id: str, text: str | None) -> dict[str, Any]:
 
 
 def viewed(champion: Any) -> Any:
-    """The view that reads people's messages for a champion's family (``rsi.mol.views``), or None: a chat-mode
-    harness reads them itself, and a family without a view is served in its harness's format only."""
-    if champion.harness.chat:
-        return None
+    """The view that reads people's messages for a champion's family (``rsi.mol.views``), or None: a family
+    without a view is served in its harness's format only. A chat-mode harness is viewed as any: its model too
+    sees only its harness's prompts (its system prompt included), not a person's message as written."""
     return VIEWS.get(champion.harness.document.family)
+
+
+def with_system(harness: Any, messages: list[Message]) -> list[Message]:
+    """A chat-mode specialist's conversation led by its harness's system prompt (where the harness has one that
+    reads no task, and the client sent no system message of its own): the instructions its lineage trained
+    under, also where the client runs its tools turn by turn."""
+    if harness.document.prompt.system_template is None or any(m.role == "system" for m in messages):
+        return messages
+    try:
+        system = harness.render("system_template", {})
+    except UserError:  # a system prompt written from the task: there is no task here to write it from
+        return messages
+    return [Message(role="system", content=system), *messages]
 
 
 def no_chat_model(champions: dict[str, Any]) -> str:
@@ -569,7 +581,8 @@ class Service:
         task = pair.posed(messages[-1]) if harness.document.plan else None
         if task is not None:  # the champion's harness answers it by its plan, call after call
             return self._threads.submit(pair.answer_task, task, params), turn
-        convo = chat_view(messages, specialists, route.specialist) if harness.chat else view(harness, messages)
+        convo = (with_system(harness, chat_view(messages, specialists, route.specialist)) if harness.chat
+                 else view(harness, messages))
         mode, items = pair.request([convo])
         # a harness without tools replies in text only: its text can go out as the engine writes it
         future = self._call(pair.backend, mode, items, params, pair.adapter, harness.chat_tools,
