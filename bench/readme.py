@@ -206,9 +206,8 @@ def traffic(result: dict[str, Any]) -> str:
                                                                  for lvl, v in s[family]["per_level"].items()) + "."
                 for family in ("addition", "sorting")], "",
               f"With the bare base swapped in for every adapter, **{swapped['agree']} of {swapped['read']}** task "
-              "turns "
-              f"the views read got the answer the base gives under the same harness evaluated directly (right: "
-              f"{swapped['proxy_right']} through the proxy, {swapped['direct_right']} directly)."]
+              "turns the views read were told, word for word, what the base answers when run directly under the same "
+              f"harness (right: {swapped['proxy_right']} through the proxy, {swapped['direct_right']} directly)."]
     return "\n".join(lines) + "\n"
 
 

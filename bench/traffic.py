@@ -12,8 +12,9 @@ specialist answers it (the reply's model is ``rsi/base``).
 
 Then the base is swapped in for every specialist's adapter (the proxy's registry serves each champion's harness
 on the bare base: ``--swapped``, this script's own child) and the same task turns are asked again; the baseline in
-the same run is the base evaluated directly under each harness (``rsi.evaluate.solved``, greedy, no proxy) on
-the same tasks. They must agree task by task: the proxy's answer is the model's, not the task's stored answer.
+the same run is the base run directly under each harness on the same tasks (greedy, batched, no proxy), its
+answer said in the view's words (``rsi.mol.views.said``). They must agree task by task, word for word: the
+proxy's answer is the model's, not the task's stored answer.
 
 Data: an RSI home whose addition and sorting lineages are admitted as specialists (``rsi specialists add``) and
 whose router is trained (``rsi router train``); a key is made for the session and revoked at its end. Run:
@@ -171,22 +172,25 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def base_direct(champions: dict[str, Any], tasks: dict[str, Any]) -> dict[str, bool]:
-    """The baseline of the swapped arm: the bare base under each champion's harness on the session's tasks,
-    evaluated as a lineage evaluates (greedy, no proxy): task id -> solved."""
+def base_direct(champions: dict[str, Any], tasks: dict[str, Any]) -> dict[str, str]:
+    """The baseline of the swapped arm: the bare base under each champion's harness on the session's tasks, run
+    directly (greedy, batched, no proxy) and its answer said as the view says it (``rsi.mol.views.said``: the
+    model's answer, never the task's stored one): task id -> what a person would be told."""
     from rsi.backends import get_backend
-    from rsi.evaluate import solved
+    from rsi.evaluate import posable
+    from rsi.mol.views import VIEWS, said
     from rsi.pair import Responder, sampling_params
     from rsi.tasks import get_family
 
-    out: dict[str, bool] = {}
+    out: dict[str, str] = {}
     for champion in champions.values():
         family = get_family(champion.harness.document.family)
-        mine = [t for t in tasks.values() if t.family == family.name]
+        mine = posable(champion.harness, family, [t for t in tasks.values() if t.family == family.name])
         backend = get_backend("hf", model_dir=champion.base_dir)
         try:
-            out |= solved(Responder(champion.harness, backend, "base", None, family), mine,
-                          sampling_params(champion.harness, seed=0, greedy=True))
+            pair = Responder(champion.harness, backend, "base", None, family)
+            run = pair.run(mine, sampling_params(champion.harness, seed=0, greedy=True))
+            out |= said(VIEWS[family.name], pair, mine, run)
         finally:
             backend.close()
     return out
@@ -239,10 +243,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     finally:
         revoke_key(store, key_name)
     direct = base_direct(champions, tasks)
-    read = [(s, direct[s["task"]]) for s in swapped if s["router"] == "view"]
-    agree = {"turns": len(swapped), "read": len(read), "agree": sum(s["right"] == d for s, d in read),
-             "proxy_right": sum(s["right"] for s, _ in read), "direct_right": sum(d for _, d in read),
-             "disagreeing": [s["turn"] for s, d in read if s["right"] != d]}
+    read = [(s, direct[s["task"]], right_words(s["kind"], tasks[s["task"]].payload))
+            for s in swapped if s["router"] == "view"]
+    agree = {"turns": len(swapped), "read": len(read), "agree": sum(s["reply"] == d for s, d, _ in read),
+             "proxy_right": sum(s["right"] for s, _, _ in read), "direct_right": sum(d == w for _, d, w in read),
+             "disagreeing": [{"turn": s["turn"], "proxy": s["reply"], "direct": d} for s, d, _ in read
+                             if s["reply"] != d]}
     summary = summarize(rows)
     addition = [r for r in rows if r["kind"] == "addition"]
     print_table(summary, agree, len(addition))

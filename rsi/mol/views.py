@@ -205,6 +205,23 @@ def own_prompt(champion: Any, text: str | None) -> bool:
 # ---- answering ----------------------------------------------------------------------------------------------------
 
 
+def said(view: View, pair: Any, tasks: list[Any], run: Any) -> dict[str, str]:
+    """Per task id: what a person is told of the pair's answer in a run of one sample a task
+    (``Responder.run``). The answer is the model's: a plan's composed answer, else the value the harness's parser
+    reads from the reply, or, for a tool family, the state its calls left (replayed on the family's environment),
+    said in the view's words; where there is none, a sentence saying so."""
+    from rsi.audit import Case
+
+    by_id = {t.id: t for t in tasks}
+    if pair.harness.document.plan is not None:
+        values = {path.task_id: path.answer for path in run.paths}
+    else:
+        cases = [Case(t, by_id[t.task_id], pair.harness, pair.family, None) for t in run.trajectories]
+        values = {c.task.id: c.outcome() if c.parsed.ok else None for c in cases}
+    return {i: view.say(by_id[i].payload, value) if value is not None else
+            f"the {pair.family.name} specialist gave no answer its harness could read" for i, value in values.items()}
+
+
 def posed_task(view: View, pair: Any, text: str) -> Any:
     """The family's task the message poses under this view, or None; an ``ApiError``-worthy ``UserError`` where
     the message poses a task the specialist's harness cannot pose (a level beyond its format)."""
@@ -239,19 +256,11 @@ def answered(view: View, pair: Any, task: Any, params: Any) -> tuple[Any, dict[s
     """``answer``'s reply, and the record of how the pair made it, which the proxy stores with the reply (never
     sends it): the pair, its harness and the trajectories of the run (the model's own messages and tool log
     under the harness; ``rsi.mol.harvest`` audits them again, against the task it derives from the message)."""
-    from rsi.audit import Case
     from rsi.models import Message
     from rsi.pair import Reply
 
     run = pair.run([task], params.model_copy(update={"n": 1}))
-    if pair.harness.document.plan is not None:
-        value = run.paths[0].answer
-    else:
-        case = Case(run.trajectories[0], task, pair.harness, pair.family, None)
-        value = case.outcome() if case.parsed.ok else None
-    content = (view.say(task.payload, value) if value is not None else
-               f"the {pair.family.name} specialist gave no answer its harness could read")
-    reply = Reply(Message(role="assistant", content=content), "stop",
+    reply = Reply(Message(role="assistant", content=said(view, pair, [task], run)[task.id]), "stop",
                   sum(t.tokens.prompt for t in run.trajectories), sum(t.tokens.completion for t in run.trajectories))
     record = {"pair": pair.pair_id, "harness": pair.harness.hash, "plan": pair.harness.document.plan is not None,
               "trajectories": [t.model_dump(mode="json") for t in run.trajectories]}
