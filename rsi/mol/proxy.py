@@ -883,6 +883,10 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
             return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens}
 
+        def turn_headers() -> dict[str, str]:  # who answered, and where the request's time went (so far)
+            return {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,
+                    "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())}
+
         if isinstance(future, Stream):  # the engine's text passed through as it comes; the turn stored at its end
             async def passed() -> Any:
                 yield event({"role": "assistant", "content": ""})
@@ -909,17 +913,14 @@ def create_app(config: ServeConfig | None = None, store: Any = None, home: Path 
                     yield event(None, usage=usage)
                 yield "data: [DONE]\n\n"
 
-            return PassedThrough(passed(), media_type="text/event-stream", headers={
-                CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,
-                "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())})
+            return PassedThrough(passed(), media_type="text/event-stream", headers=turn_headers())
         answer = finish(await asyncio.wrap_future(future))
         times["engine"] = lap()
         answer_s.observe(times["prepare"] + times["engine"])
         usage = await keep(answer)
         times["store"] = lap()
         reply, finish_reason = answer[0], answer[1]
-        headers = {CONVERSATION_HEADER: conversation_id, SPECIALIST_HEADER: who,  # where a request's time went
-                   "Server-Timing": ", ".join(f"{k};dur={1000 * v:.2f}" for k, v in times.items())}
+        headers = turn_headers()
         if req.stream:
             return StreamingResponse(_chunks(event, reply, finish_reason, usage if req.include_usage() else None),
                                      media_type="text/event-stream", headers=headers)
