@@ -19,7 +19,7 @@ proxy's answer is the model's, not the task's stored answer.
 Data: an RSI home whose addition and sorting lineages are admitted as specialists (``rsi specialists add``) and
 whose router is trained (``rsi router train``); a key is made for the session and revoked at its end. Run:
 
-    RSI_HOME=/tmp/home .venv/bin/python bench/traffic.py [--turns 2000] [--seed 0] [--out JSON]
+    RSI_HOME=/tmp/home .venv/bin/python bench/traffic.py [--turns 2000] [--seed 0] [--clients 1] [--out JSON]
 
 It writes ``bench/results/traffic.json``.
 """
@@ -131,13 +131,16 @@ def script(turns: int, seed: int, per_level: int) -> tuple[list[dict[str, Any]],
     return out, asked
 
 
-def ask_all(url: str, key: str, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each turn as a new conversation; what answered it and whether the reply is right."""
+def ask_all(url: str, key: str, turns: list[dict[str, Any]], clients: int = 1) -> list[dict[str, Any]]:
+    """Each turn as a new conversation, asked by ``clients`` clients at once (the engine batches concurrent
+    requests to one base); what answered it and whether the reply is right, in the turns' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import openai
 
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
-    rows = []
-    for t in turns:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+
+    def ask(t: dict[str, Any]) -> dict[str, Any]:
         try:
             reply = client.chat.completions.create(model="rsi/auto", messages=[{"role": "user", "content": t["text"]}])
             model, content = reply.model, reply.choices[0].message.content or ""
@@ -145,9 +148,11 @@ def ask_all(url: str, key: str, turns: list[dict[str, Any]]) -> list[dict[str, A
         except openai.APIStatusError as exc:  # a 4xx is an answer too: a refusal, counted wrong
             model, content, router = None, f"HTTP {exc.status_code}: {exc.message}", None
         right = model == "rsi/base" if t["kind"] == "chat" else content == right_words(t["kind"], t["payload"])
-        rows.append({**{k: v for k, v in t.items() if k != "payload"}, "model": model, "router": router,
-                     "reply": content, "right": right})
-    return rows
+        return {**{k: v for k, v in t.items() if k != "payload"}, "model": model, "router": router,
+                "reply": content, "right": right}
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(ask, turns))
 
 
 def share(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -217,8 +222,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0, help="draws the session's kinds, levels and templates")
     parser.add_argument("--per-level", type=int, default=64, help="distinct test tasks a level, asked in turn")
+    parser.add_argument("--clients", type=int, default=1, help="turns asked at once, each a client of its own "
+                        "(a SmolLM2 session: a sorting turn is a tool episode of ~36 s on 2 cores)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.clients < 1:
+        parser.error(f"--clients {args.clients}: give 1 or more")
 
     from rsi.config import get_settings
     from rsi.mol.registry import Registry
@@ -236,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     key = create_key(store, key_name)
     try:
         with proxy("hf") as url:
-            rows = ask_all(url, key, turns)
+            rows = ask_all(url, key, turns, args.clients)
         asked = [t for t in turns if t["kind"] != "chat"]
         with proxy("hf", [sys.executable, str(Path(__file__).resolve()), "--swapped"]) as url:  # bare base
-            swapped = ask_all(url, key, asked)
+            swapped = ask_all(url, key, asked, args.clients)
     finally:
         revoke_key(store, key_name)
     direct = base_direct(champions, tasks)
