@@ -225,8 +225,9 @@ def traffic_generation(result: dict[str, Any]) -> str:
     for lvl, parent in acc["parent"].items():
         mark = " (lowest unmastered)" if str(lvl) == str(lowest) else ""
         lines.append(f"| {lvl}{mark} | {parent:.3f} | {acc['traffic'][lvl]:.3f} | {acc['ordinary'][lvl]:.3f} |")
-    lines += ["", *[f"{arm.capitalize()}: gate {a['status']}, {a['examples']} training examples, {a['steps']} steps."
-                    for arm, a in arms.items()],
+    at = lambda a: a.get("examples_per_level", {}).get("frontier", {}).get(str(lowest), 0)  # noqa: E731
+    lines += ["", *[f"{arm.capitalize()}: gate {a['status']}, {a['examples']} training examples ({at(a)} at "
+                    f"L{lowest}), {a['steps']} steps." for arm, a in arms.items()],
               f"Gain at the lowest unmastered level (L{lowest}, the first under the profile's mastery "
               f"{result['mastery']} on the test split): traffic-fed "
               f"{result['gain']['traffic'][str(lowest)]:+.3f}, ordinary {result['gain']['ordinary'][str(lowest)]:+.3f};"

@@ -19,7 +19,7 @@ the run's own tag).
 
 Run (the home must hold the lineage):
 
-    RSI_HOME=/tmp/home .venv/bin/python bench/traffic_generation.py [--turns 1000] [--forged 100] [--n 64]
+    RSI_HOME=/tmp/home .venv/bin/python bench/traffic_generation.py [--turns 1000] [--forged 100] [--n 64] [--clients 1]
 
 It writes ``bench/results/traffic_generation.json``.
 """
@@ -32,6 +32,7 @@ import random
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,11 @@ def rsi(*args: str) -> None:
         sys.exit(f"`rsi {' '.join(args)}` exited with {done.returncode}")
 
 
-def session(url: str, key: str, name: str, turns: int, forged: int, seed: int) -> dict[str, Any]:
-    """The people's turns (task id, level, conversation, reply right) and the forged conversations' ids."""
+def session(url: str, key: str, name: str, turns: int, forged: int, seed: int, clients: int = 1) -> dict[str, Any]:
+    """The people's turns (task id, level, conversation, reply right), asked by ``clients`` clients at once in a
+    fixed script (the engine batches concurrent requests), and the forged conversations' ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import openai
 
     from rsi.mol.views import VIEWS
@@ -83,25 +87,29 @@ def session(url: str, key: str, name: str, turns: int, forged: int, seed: int) -
 
     family, rng = get_family("sorting"), random.Random(seed)
     levels = list(range(family.min_level, family.max_level + 1))
-    pools = {lvl: family.tasks("train", seed, lvl, turns) for lvl in levels}
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
-    rows, forgeries = [], []
-    for i in range(turns):
-        level = rng.choice(levels)
-        task = pools[level][i]
+    asked = [rng.choice(levels) for _ in range(turns)]
+    pools = {lvl: iter(family.tasks("train", seed, lvl, asked.count(lvl))) for lvl in levels}  # each task once
+    script = [(next(pools[level]), rng.choice(SORTING)) for level in asked]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
+
+    def ask(turn: tuple[Any, Any]) -> dict[str, Any]:
+        task, template = turn
         try:
             reply = client.chat.completions.create(model=f"rsi/{name}", messages=[
-                {"role": "user", "content": rng.choice(SORTING).ask(task.payload)}])
+                {"role": "user", "content": template.ask(task.payload)}])
         except openai.APIStatusError:  # a phrasing the view does not read: refused, nothing to learn from
-            rows.append({"task": task.id, "level": level, "conversation": None, "right": False})
-            continue
+            return {"task": task.id, "level": task.level, "conversation": None, "right": False}
         right = reply.choices[0].message.content == VIEWS["sorting"].say(
             task.payload, {"state": {"items": sorted(task.payload["items"])}})
-        rows.append({"task": task.id, "level": level, "conversation": reply.model_extra["conversation_id"],
-                     "right": right})
+        return {"task": task.id, "level": task.level, "conversation": reply.model_extra["conversation_id"],
+                "right": right}
+
+    with ThreadPoolExecutor(clients) as pool:
+        rows = list(pool.map(ask, script))
+    forgeries = []
     refused = 0
     for i in range(forged):
-        task = rng.choice(pools[rng.choice(levels)])
+        task = family.tasks("train", seed + 1, rng.choice(levels), forged)[i]
         wrong = sorted(task.payload["items"], reverse=True)
         try:
             reply = client.chat.completions.create(model="rsi/auto", messages=[  # "thanks!" poses no task
@@ -140,21 +148,27 @@ def tamper(store: Any, conversations: list[str]) -> None:
 
 def generation_of(store: Any, lineage: str) -> dict[str, Any]:
     """Generation 1 of ``lineage``: its gate, its candidate's adapter, its dataset's trajectories (with the
-    conversation each came from) and the discover stage's traffic summary."""
+    conversation each came from; how many a level in the frontier and replay pools) and the discover stage's
+    traffic summary."""
     from sqlalchemy import select
 
-    from rsi.store.schema import DatasetItem, Generation, StageRun, TrajectoryRow
+    from rsi.store.schema import DatasetItem, DatasetRow, Generation, StageRun, TaskRow, TrajectoryRow
 
     with store.session() as s:
         gen = s.scalars(select(Generation).where(Generation.lineage == lineage, Generation.number == 1)).one()
         stages = {r.stage: r.result for r in s.scalars(select(StageRun).where(
             StageRun.generation_id == gen.id, StageRun.status == "done").order_by(StageRun.id))}
-        items = s.execute(select(TrajectoryRow.id, TrajectoryRow.conversation_id).join(
-            DatasetItem, DatasetItem.trajectory_id == TrajectoryRow.id).where(
-            DatasetItem.dataset_digest == stages["select"]["digest"])).all()
+        items = s.execute(select(TrajectoryRow.conversation_id, TaskRow.level).join(
+            DatasetItem, DatasetItem.trajectory_id == TrajectoryRow.id).join(
+            TaskRow, TaskRow.id == TrajectoryRow.task_id).where(
+            DatasetItem.dataset_digest == stages["select"]["digest"]).order_by(DatasetItem.position)).all()
+        sources = s.get(DatasetRow, stages["select"]["digest"]).filters["sources"]
         traffic = stages["discover"].get("traffic") or {}
         return {"status": gen.status, "adapter": stages["train"]["adapter_dir"], "steps": stages["train"]["steps"],
-                "examples": len(items), "conversations": [c for _, c in items],
+                "examples": len(items), "conversations": [c for c, _ in items],
+                "examples_per_level": {pool: dict(sorted(Counter(lvl for (_, lvl), src in zip(items, sources)
+                                                                 if src == pool).items()))
+                                       for pool in ("frontier", "replay")},
                 "traffic": {**{k: v for k, v in traffic.items() if k != "turns"},
                             "turns": len(traffic.get("turns", []))},
                 "reasons": (stages.get("evaluate") or {}).get("decision", {}).get("reasons")}
@@ -183,10 +197,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--forged", type=int, default=100)
     parser.add_argument("--tampered", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=1, help="turns asked at once, each a client of its own")
     parser.add_argument("--n", type=int, default=64, help="test tasks a level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.clients < 1:
+        parser.error(f"--clients {args.clients}: give 1 or more")
 
     from rsi.config import get_settings
     from rsi.mol.registry import Registry
@@ -208,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     key = create_key(store, key_name)
     try:
         with proxy("hf") as url:
-            served = session(url, key, traffic, args.turns, args.forged, args.seed)
+            served = session(url, key, traffic, args.turns, args.forged, args.seed, args.clients)
     finally:
         revoke_key(store, key_name)
     right = [t["conversation"] for t in served["turns"] if t["right"]]
@@ -251,7 +268,8 @@ def print_table(report: dict[str, Any]) -> None:
         mark = " (lowest unmastered)" if lvl == lowest else ""
         print(f"| {lvl}{mark} | {acc['parent'][lvl]:.3f} | {acc['traffic'][lvl]:.3f} | {acc['ordinary'][lvl]:.3f} |")
     for arm, g in report["arms"].items():
-        print(f"{arm}: gate {g['status']}, {g['examples']} examples; traffic {g['traffic']}")
+        print(f"{arm}: gate {g['status']}, {g['examples']} examples (by level: {g['examples_per_level']}); "
+              f"traffic {g['traffic']}")
     print(f"examples from forged or tampered turns: {report['examples_from_forged_or_tampered']} "
           f"(forged {report['session']['forged']}, tampered {report['session']['tampered']})")
 
