@@ -19,7 +19,8 @@ the run's own tag).
 
 Run (the home must hold the lineage):
 
-    RSI_HOME=/tmp/home .venv/bin/python bench/traffic_generation.py [--turns 1000] [--forged 100] [--n 64] [--clients 1]
+    RSI_HOME=/tmp/home .venv/bin/python bench/traffic_generation.py [--turns 1000] [--forged 100] [--n 64] \
+        [--clients 1] [--temperature 0]
 
 It writes ``bench/results/traffic_generation.json``.
 """
@@ -75,9 +76,11 @@ def rsi(*args: str) -> None:
         sys.exit(f"`rsi {' '.join(args)}` exited with {done.returncode}")
 
 
-def session(url: str, key: str, name: str, turns: int, forged: int, seed: int, clients: int = 1) -> dict[str, Any]:
+def session(url: str, key: str, name: str, turns: int, forged: int, seed: int, clients: int = 1,
+            temperature: float = 0.0) -> dict[str, Any]:
     """The people's turns (task id, level, conversation, reply right), asked by ``clients`` clients at once in a
-    fixed script (the engine batches concurrent requests), and the forged conversations' ids."""
+    fixed script (the engine batches concurrent requests) at ``temperature`` (turn i with seed ``seed + i``), and
+    the forged conversations' ids."""
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
@@ -89,14 +92,14 @@ def session(url: str, key: str, name: str, turns: int, forged: int, seed: int, c
     levels = list(range(family.min_level, family.max_level + 1))
     asked = [rng.choice(levels) for _ in range(turns)]
     pools = {lvl: iter(family.tasks("train", seed, lvl, asked.count(lvl))) for lvl in levels}  # each task once
-    script = [(next(pools[level]), rng.choice(SORTING)) for level in asked]
+    script = [(i, next(pools[level]), rng.choice(SORTING)) for i, level in enumerate(asked)]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
 
-    def ask(turn: tuple[Any, Any]) -> dict[str, Any]:
-        task, template = turn
+    def ask(turn: tuple[int, Any, Any]) -> dict[str, Any]:
+        i, task, template = turn
         try:
-            reply = client.chat.completions.create(model=f"rsi/{name}", messages=[
-                {"role": "user", "content": template.ask(task.payload)}])
+            reply = client.chat.completions.create(model=f"rsi/{name}", temperature=temperature, seed=seed + i,
+                                                   messages=[{"role": "user", "content": template.ask(task.payload)}])
         except openai.APIStatusError:  # a phrasing the view does not read: refused, nothing to learn from
             return {"task": task.id, "level": task.level, "conversation": None, "right": False}
         right = reply.choices[0].message.content == VIEWS["sorting"].say(
@@ -198,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--forged", type=int, default=100)
     parser.add_argument("--tampered", type=int, default=20)
     parser.add_argument("--clients", type=int, default=1, help="turns asked at once, each a client of its own")
+    parser.add_argument("--temperature", type=float, default=0.0, help="the people's sampling temperature (the "
+                        "proxy's default 0: greedy; OpenAI's API samples at 1 when a client gives none)")
     parser.add_argument("--n", type=int, default=64, help="test tasks a level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     key = create_key(store, key_name)
     try:
         with proxy("hf") as url:
-            served = session(url, key, traffic, args.turns, args.forged, args.seed, args.clients)
+            served = session(url, key, traffic, args.turns, args.forged, args.seed, args.clients, args.temperature)
     finally:
         revoke_key(store, key_name)
     right = [t["conversation"] for t in served["turns"] if t["right"]]
@@ -244,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"command": "python bench/traffic_generation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "parent": {k: parent[k] for k in ("generation", "pair", "adapter")} | {"harness": harness.id},
               "lineages": {"traffic": traffic, "ordinary": ordinary},
-              "session": {"turns": len(served["turns"]), "right": len(right), "forged": len(served["forged"]),
+              "session": {"turns": len(served["turns"]), "temperature": args.temperature, "right": len(right),
+                          "forged": len(served["forged"]),
                           "forged_refused": served["forged_refused"], "tampered": len(tampered),
                           "right_per_level": {lvl: [sum(t["right"] for t in served["turns"] if t["level"] == lvl),
                                                     sum(t["level"] == lvl for t in served["turns"])]
