@@ -237,6 +237,26 @@ def traffic_generation(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serve_session(result: dict[str, Any]) -> str:
+    """Each specialist's test tasks asked through ``rsi serve``: routed right, solved through the proxy and solved
+    directly, per level; then the stream, wrong-key and restart checks."""
+    specs = result["specialists"]
+    one_base = len({s["base"] for s in specs.values()}) == 1
+    lines = [f"`{result['command']}`: " + "; ".join(
+                 f"{name}, lineage {s['lineage']} generation {s['generation']} under {s['harness']}"
+                 for name, s in specs.items()) + (" (one base)." if one_base else "."), "",
+             "| specialist | level | n | routed right | solved through the proxy | solved directly |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['specialist']} | {r['level']} | {r['n']} | {r['routed']:.3f} | {r['solved_proxy']:.3f} | "
+              f"{r['solved_direct']:.3f} |" for r in result["per_level"]]
+    checks, yes = result["checks"], lambda b: "yes" if b else "no"  # noqa: E731
+    lines += ["", f"Streamed, the same text as the plain reply: {yes(checks['stream']['same_text'])}; a wrong key: "
+              f"HTTP {checks['wrong_key']['status']}; a tool episode (level {checks['restart']['level']}) restarted "
+              f"on a new proxy: routed to {checks['restart']['routed']}, solved {yes(checks['restart']['solved'])} "
+              f"(directly: {yes(checks['restart']['direct'])})."]
+    return "\n".join(lines) + "\n"
+
+
 def train(result: dict[str, Any]) -> str:
     """The loop and TRL on the same verified samples: speed, losses and held-out accuracy beside the base's."""
     data, levels = result["data"], [str(level) for level in result["levels"]]
@@ -411,8 +431,8 @@ RESULTS: dict[str, tuple[str, Callable[[dict[str, Any]], str] | None]] = {
     "cycle": ("bench/cycle.py", cycle),
     "smollm2": ("bench/smollm2.py", smollm2),
     "serve": ("bench/serve.py", serve),
-    "serve-session": ("bench/serve_session.py", None),
-    "serve-session-joint": ("bench/serve_session.py", None),
+    "serve-session": ("bench/serve_session.py", serve_session),
+    "serve-session-joint": ("bench/serve_session.py", serve_session),
     "traffic": ("bench/traffic.py", traffic),
     "traffic-smollm2": ("bench/traffic.py", traffic),
     "traffic_generation": ("bench/traffic_generation.py", traffic_generation),
