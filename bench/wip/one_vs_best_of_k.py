@@ -32,40 +32,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
-    from traffic_generation import parent_of, test_accuracy
+    from served_vs_sampled import champion, rollouts, turns
+    from traffic_generation import test_accuracy
 
-    from rsi.audit import audit
-    from rsi.backends import get_backend
-    from rsi.config import get_settings
-    from rsi.pair import Responder, sampling_params
+    from rsi.pair import sampling_params
     from rsi.pair.text import training_parts
     from rsi.run.config import CycleConfig
     from rsi.select import Dataset, Example
-    from rsi.store import open_store
-    from rsi.tasks import get_family
     from rsi.train import train_adapter
 
-    store = open_store()
-    parent, family = parent_of(store, args.lineage), get_family("sorting")
-    harness, spec = parent["harness"], CycleConfig.model_validate(parent["spec"]).train
-    spec = spec.model_copy(update={"steps": args.steps})
-    base_dir = next(p for p in sorted((get_settings().home / "models").glob("base-*")) if p.is_dir())
-    backend = get_backend("hf", model_dir=base_dir)
-    responder = Responder(harness, backend, "wip", parent["adapter"], family)
+    parent, base_dir, responder = champion(args.lineage)
+    family, harness = responder.family, responder.harness
+    spec = CycleConfig.model_validate(parent["spec"]).train.model_copy(update={"steps": args.steps})
     frontier = [int(x) for x in args.levels.split(",")]
     tasks = {lvl: family.tasks("train", args.seed, lvl, args.n if lvl in frontier else args.replay)
              for lvl in range(1, max(frontier) + 1)}
     by_id = {t.id: t for ts in tasks.values() for t in ts}
-    samples: dict[str, list] = {}
-    for lvl, ts in tasks.items():
-        for t in responder.episodes(ts, sampling_params(harness, seed=args.seed)):
-            samples.setdefault(t.task_id, []).append((audit(t, by_id[t.task_id], harness, family).passed, t))
-    backend.close()
+    samples = {}  # level by level, as the committed run sampled them
+    for ts in tasks.values():
+        samples |= rollouts(responder, ts, sampling_params(harness, seed=args.seed))
+    responder.backend.close()
 
     def example(t, source: str) -> Example:
-        prompt, completion, turns = training_parts(t.messages)
+        prompt, completion, parts = training_parts(t.messages)
         return Example(trajectory_id=t.id, level=by_id[t.task_id].level, prompt=prompt, completion=completion,
-                       source=source, turns=turns)
+                       source=source, turns=parts)
 
     replay, arms = [], {"one": [], "best": []}
     for task_id, got in samples.items():
@@ -78,7 +69,7 @@ def main() -> None:
             arms["one"].append(example(first, "frontier"))
         passed = [t for ok, t in got if ok]
         if passed:
-            shortest = min(passed, key=lambda t: (sum(m.role == "assistant" for m in t.messages), t.id))
+            shortest = min(passed, key=lambda t: (turns(t), t.id))
             arms["best"].append(example(shortest, "frontier"))
     accuracy = {"champion": test_accuracy(harness, base_dir, parent["adapter"], args.test_n)}
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def champion(lineage: str):
+    """The lineage's champion (``traffic_generation.parent_of``), its base model's directory (where the proxy's
+    registry finds it) and its pair as a ``Responder`` on the hf backend; close ``responder.backend`` after."""
+    from traffic_generation import parent_of
+
+    from rsi.backends import get_backend
+    from rsi.basemodel import BaseRecipe, base_dir_for
+    from rsi.config import get_settings
+    from rsi.pair import Responder
+    from rsi.store import open_store
+    from rsi.tasks import get_family
+
+    parent, settings = parent_of(open_store(), lineage), get_settings()
+    harness = parent["harness"]
+    base_dir = harness.base_model_dir(settings.home) or base_dir_for(
+        settings, BaseRecipe(**parent["spec"].get("base_recipe", {})))
+    responder = Responder(harness, get_backend("hf", model_dir=base_dir), "wip", parent["adapter"],
+                          get_family(harness.document.family))
+    return parent, base_dir, responder
+
+
+def turns(trajectory) -> int:
+    return sum(m.role == "assistant" for m in trajectory.messages)
+
+
+def rollouts(responder, tasks, params) -> dict[str, list]:
+    """Per task id, its episodes under ``params`` as (passed the audit, trajectory), in sample order."""
+    from rsi.audit import audit
+
+    by_id, out = {t.id: t for t in tasks}, {}
+    for t in responder.episodes(tasks, params):
+        out.setdefault(t.task_id, []).append(
+            (audit(t, by_id[t.task_id], responder.harness, responder.family).passed, t))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lineage", default="mol-sorting")
@@ -28,21 +64,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=123)
     args = parser.parse_args()
 
-    from traffic_generation import parent_of
+    from rsi.pair import sampling_params
 
-    from rsi.audit import audit
-    from rsi.backends import get_backend
-    from rsi.pair import Responder, sampling_params
-    from rsi.store import open_store
-    from rsi.tasks import get_family
-
-    store = open_store()
-    parent, family = parent_of(store, args.lineage), get_family("sorting")
-    harness = parent["harness"]
-    from rsi.config import get_settings
-    base_dir = next(p for p in sorted((get_settings().home / "models").glob("base-*")) if p.is_dir())
-    backend = get_backend("hf", model_dir=base_dir)
-    responder = Responder(harness, backend, "wip", parent["adapter"], family)
+    parent, _, responder = champion(args.lineage)
+    family, harness = responder.family, responder.harness
     k = harness.document.decoding.samples
     print(f"{args.lineage} generation {parent['generation']} ({harness.id}), {args.n} train tasks a level, k {k}")
     print("| level | greedy right | one T=1 reply right | of those, greedy right too | any of k right | "
@@ -50,25 +75,20 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for level in (int(x) for x in args.levels.split(",")):
         tasks = family.tasks("train", args.seed, level, args.n)
-        by_id = {t.id: t for t in tasks}
-        runs = {}
-        for name, params in (("greedy", sampling_params(harness, seed=1, greedy=True)),
-                             ("sampled", sampling_params(harness, seed=1))):
-            runs[name] = {}
-            for t in responder.episodes(tasks, params):
-                turns = sum(m.role == "assistant" for m in t.messages)
-                runs[name].setdefault(t.task_id, []).append((audit(t, by_id[t.task_id], harness, family).passed,
-                                                            turns))
+        runs = {name: {task: [(ok, turns(t)) for ok, t in got]
+                       for task, got in rollouts(responder, tasks, params).items()}
+                for name, params in (("greedy", sampling_params(harness, seed=1, greedy=True)),
+                                     ("sampled", sampling_params(harness, seed=1)))}
         greedy = {task for task, v in runs["greedy"].items() if v[0][0]}
         one = {task: v[0][1] for task, v in runs["sampled"].items() if v[0][0]}  # the first sample: one reply
-        passes = {task: [turns for ok, turns in v if ok] for task, v in runs["sampled"].items()}
+        passes = {task: [n for ok, n in v if ok] for task, v in runs["sampled"].items()}
         right = {task: p for task, p in passes.items() if p}
         fewest = min([*one.values(), *(t for p in right.values() for t in p)], default=0)
-        extra = lambda turns: dict(sorted(Counter(t - fewest for t in turns).items()))  # noqa: E731
+        extra = lambda counts: dict(sorted(Counter(n - fewest for n in counts).items()))  # noqa: E731
         print(f"| {level} | {len(greedy)} | {len(one)} | {len(set(one) & greedy)} | {len(right)} | "
               f"{sum(len(p) == k for p in right.values())} | {sum(0 < len(p) < k for p in right.values())} | "
               f"{extra(one.values())} | {extra(min(p) for p in right.values())} |", flush=True)
-    backend.close()
+    responder.backend.close()
 
 
 if __name__ == "__main__":
